@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks to build pdgate: cmake (Pingora's zlib-ng build needs it)
+# and a C compiler. Idempotent; safe to run on every invocation.
+set -euo pipefail
+
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -q "${need[@]}" >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "${need[@]}" >/dev/null; }
+fi
+command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found (install Rust 1.85+)" >&2; exit 1; }
