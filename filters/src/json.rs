@@ -1,0 +1,126 @@
+//! Writing JSON text by hand: strings (escaped), integers, and the few fixed-shape objects the
+//! gateway mints. Everything the crate emits goes through here, so escaping lives in one place.
+
+/// Appends `s` as a JSON string literal (with quotes), escaping `"`, `\` and control characters.
+pub fn push_string(out: &mut Vec<u8>, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => {
+                out.extend_from_slice(&bytes[start..i]);
+                push_control_escape(out, b);
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(escape);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+fn push_control_escape(out: &mut Vec<u8>, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.extend_from_slice(b"\\u00");
+    out.push(HEX[usize::from(b >> 4)]);
+    out.push(HEX[usize::from(b & 0xf)]);
+}
+
+/// Appends `n` as a JSON integer (exact decimal, never a float).
+pub fn push_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// A JSON string literal for `s`, as a fresh buffer.
+pub fn string(s: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len() + 2);
+    push_string(&mut out, s);
+    out
+}
+
+/// A JSON integer for `n`, as a fresh buffer.
+pub fn u64_text(n: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(20);
+    push_u64(&mut out, n);
+    out
+}
+
+/// Builds a flat JSON object `{"k":<raw>,…}` from trusted raw values, in order.
+pub fn object(fields: &[(&str, &[u8])]) -> Vec<u8> {
+    let cap = 2 + fields
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 4)
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(cap);
+    out.push(b'{');
+    for (i, (k, v)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        push_string(&mut out, k);
+        out.push(b':');
+        out.extend_from_slice(v);
+    }
+    out.push(b'}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_round_trip_through_serde_json() {
+        for s in [
+            "",
+            "plain",
+            "q\"uote",
+            "back\\slash",
+            "nl\n cr\r tab\t",
+            "\u{0}\u{1f}\u{7f}",
+            "héllo ☃ 🎉",
+            "\u{8}\u{c}",
+        ] {
+            let text = string(s);
+            let back: String = serde_json::from_slice(&text).unwrap();
+            assert_eq!(back, s);
+        }
+    }
+
+    #[test]
+    fn integers_are_exact_decimal() {
+        for n in [0u64, 7, 10, 9_223_372_036_854_775_807, u64::MAX] {
+            assert_eq!(u64_text(n), n.to_string().into_bytes());
+        }
+    }
+
+    #[test]
+    fn object_is_valid_json_in_order() {
+        let o = object(&[("b", b"1"), ("a", b"\"x\"")]);
+        assert_eq!(o, br#"{"b":1,"a":"x"}"#);
+    }
+}
