@@ -1,0 +1,602 @@
+//! `GatewayConfig`: the `gateway:` section of the YAML file and, field for field, the flags of
+//! `pdgate launch`. One struct derives both `clap::Args` and `serde::Deserialize`, so every YAML
+//! key is a flag name in snake_case (`--retry-max-retries` ⇔ `retry_max_retries`) and both take
+//! their defaults from [`super::defaults`]. The serde defaults are literally clap's: see
+//! [`GatewayConfig::default`].
+//!
+//! Two documented exceptions: `workers` is YAML-only (on `launch` the startup workers come from
+//! `--prefill URL [PORT|none]` / `--decode URL`, see `launch.rs`), and SMG flags pdgate does not
+//! implement live only on `launch` (refused or ignored there, and named in the error when they
+//! appear in YAML).
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize, Serializer};
+
+use super::defaults;
+use super::worker::WorkerSpec;
+
+/// A routing policy name, as accepted by `--policy` (SMG's list). `passthrough` is refused for
+/// the per-leg `prefill_policy` / `decode_policy`, and `bucket` as the effective decode policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum PolicyKind {
+    CacheAware,
+    PrefixHash,
+    ConsistentHashing,
+    PowerOfTwo,
+    LeastLoad,
+    RoundRobin,
+    Random,
+    Manual,
+    Bucket,
+    Passthrough,
+}
+
+impl PolicyKind {
+    /// The name used in flags, YAML and the `policy` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::PrefixHash => "prefix_hash",
+            PolicyKind::ConsistentHashing => "consistent_hashing",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::LeastLoad => "least_load",
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
+            PolicyKind::Manual => "manual",
+            PolicyKind::Bucket => "bucket",
+            PolicyKind::Passthrough => "passthrough",
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `--pd-pairing-mode`: how strictly a prefill and a decode must share a KV transfer protocol
+/// (spec "Pairing Modes").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum PairingMode {
+    /// Every prefill may pair with every decode.
+    Off,
+    /// Refuse only when both legs report a fact and the values differ.
+    Lenient,
+    /// Also refuse unknown runtime/transport, one-sided facts or protocols, differing versions.
+    Strict,
+}
+
+impl PairingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PairingMode::Off => "off",
+            PairingMode::Lenient => "lenient",
+            PairingMode::Strict => "strict",
+        }
+    }
+}
+
+/// `--assignment-mode`: how a first-seen sticky key picks its worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum AssignmentMode {
+    Random,
+    MinLoad,
+    MinGroup,
+    Delegate,
+}
+
+/// `--cache-index`: the cache_aware index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum CacheIndexKind {
+    Tree,
+    Hash,
+}
+
+/// `--log-level` (SMG's four values); the default `log` filter of the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+
+    pub fn as_level_filter(self) -> log::LevelFilter {
+        match self {
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Error => log::LevelFilter::Error,
+        }
+    }
+}
+
+/// The gateway's own settings: the YAML `gateway:` section, and the flags of `pdgate launch`.
+///
+/// Read it through the accessors (`effective_*_policy`, `retry()`, `timeouts()`, …) rather than
+/// the raw fields where one exists: they apply SMG's fallbacks (`--policy` for both legs,
+/// `--worker-overload-protection` alone meaning token usage 0.9, `--disable-retries`, …).
+#[derive(Clone, Debug, PartialEq, clap::Args, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    // ---- Mode -------------------------------------------------------------------------------
+    /// Prefill/decode disaggregation mode. pdgate serves only this mode, so it must be set
+    /// (`pd_disaggregation: true` in YAML, like `--pd-disaggregation` for SMG).
+    #[arg(long, help_heading = "PD Disaggregation")]
+    pub pd_disaggregation: bool,
+
+    /// How strictly a prefill and a decode must share a KV transfer protocol: off, lenient or
+    /// strict.
+    #[arg(long, value_enum, default_value = defaults::PD_PAIRING_MODE, help_heading = "PD Disaggregation")]
+    pub pd_pairing_mode: PairingMode,
+
+    /// One logical worker per data-parallel rank (`url@rank`); SGLang legs carry the rank.
+    #[arg(long, help_heading = "PD Disaggregation")]
+    pub dp_aware: bool,
+
+    /// Choose the DP rank by minimum tokens.
+    #[arg(long, help_heading = "PD Disaggregation")]
+    pub dp_minimum_tokens_scheduler: bool,
+
+    /// gRPC only: how long a dispatch waits for a free decode slot before it is shed, seconds.
+    #[arg(long, default_value_t = defaults::PD_ADMISSION_WAIT_SECS, help_heading = "PD Disaggregation")]
+    pub pd_admission_wait_secs: u64,
+
+    /// gRPC only: tokenizer model (HuggingFace id or local path).
+    #[arg(long, alias = "model", help_heading = "PD Disaggregation")]
+    #[serde(alias = "model")]
+    pub model_path: Option<String>,
+
+    /// gRPC only: explicit tokenizer path (overrides model_path).
+    #[arg(long, help_heading = "PD Disaggregation")]
+    pub tokenizer_path: Option<String>,
+
+    // ---- Listeners ----------------------------------------------------------------------------
+    /// Address of the serving listener.
+    #[arg(long, default_value = defaults::HOST, help_heading = "Listeners")]
+    pub host: String,
+
+    /// Port of the serving listener.
+    #[arg(long, default_value_t = defaults::PORT, help_heading = "Listeners")]
+    pub port: u16,
+
+    /// Optional dedicated port (on `host`) serving only /liveness, /readiness and /health.
+    #[arg(long, help_heading = "Listeners")]
+    pub health_check_port: Option<u16>,
+
+    /// Address of the Prometheus /metrics listener.
+    #[arg(long, default_value = defaults::PROMETHEUS_HOST, help_heading = "Listeners")]
+    pub prometheus_host: String,
+
+    /// Port of the Prometheus /metrics listener (0 = an OS-assigned port).
+    #[arg(long, default_value_t = defaults::PROMETHEUS_PORT, help_heading = "Listeners")]
+    pub prometheus_port: u16,
+
+    /// Custom bucket bounds (seconds) for *duration_seconds / *ttft_seconds / *tpot_seconds.
+    #[arg(long, num_args = 0.., help_heading = "Listeners")]
+    pub prometheus_duration_buckets: Vec<f64>,
+
+    /// pdgate: address of a separate admin listener (/workers, /reload). Default 127.0.0.1
+    /// when admin_port is set. Without admin_port the admin routes are on the serving port.
+    #[arg(long, help_heading = "Listeners")]
+    pub admin_host: Option<String>,
+
+    /// pdgate: port of the separate admin listener; unset = admin routes on the serving port.
+    #[arg(long, help_heading = "Listeners")]
+    pub admin_port: Option<u16>,
+
+    // ---- Routing policies ------------------------------------------------------------------
+    /// Routing policy for both legs unless prefill_policy / decode_policy is set.
+    #[arg(long, value_enum, default_value = defaults::POLICY, help_heading = "Routing Policy")]
+    pub policy: PolicyKind,
+
+    /// Routing policy of the prefill leg (default: policy). No passthrough.
+    #[arg(long, value_enum, help_heading = "Routing Policy")]
+    pub prefill_policy: Option<PolicyKind>,
+
+    /// Routing policy of the decode leg (default: policy). No passthrough, no bucket.
+    #[arg(long, value_enum, help_heading = "Routing Policy")]
+    pub decode_policy: Option<PolicyKind>,
+
+    /// cache_aware: matched-prefix share (0..1) above which the prefix owner is preferred.
+    #[arg(long, visible_alias = "cache-match-threshold", default_value_t = defaults::CACHE_THRESHOLD, help_heading = "Routing Policy")]
+    #[serde(alias = "cache_match_threshold")]
+    pub cache_threshold: f32,
+
+    /// cache_aware / bucket spill gate, absolute part (requests above the mean).
+    #[arg(long, visible_alias = "spill-abs-threshold", default_value_t = defaults::BALANCE_ABS_THRESHOLD, help_heading = "Routing Policy")]
+    #[serde(alias = "spill_abs_threshold")]
+    pub balance_abs_threshold: usize,
+
+    /// cache_aware / bucket spill gate, relative part (multiple of the mean, ≥ 1.0).
+    #[arg(long, visible_alias = "spill-rel-threshold", default_value_t = defaults::BALANCE_REL_THRESHOLD, help_heading = "Routing Policy")]
+    #[serde(alias = "spill_rel_threshold")]
+    pub balance_rel_threshold: f32,
+
+    /// cache_aware: KV-usage spread (hottest − coldest) that abandons affinity; ≥ 1.0 = off.
+    #[arg(long, default_value_t = defaults::BALANCE_TOKEN_USAGE_THRESHOLD, help_heading = "Routing Policy")]
+    pub balance_token_usage_threshold: f32,
+
+    /// cache_aware: hottest-backend KV usage that abandons affinity; ≥ 1.0 = off.
+    #[arg(long, default_value_t = defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD, help_heading = "Routing Policy")]
+    pub overload_token_usage_threshold: f32,
+
+    /// cache_aware: de-rank affine candidates by their prefill backlog; 0 = off.
+    #[arg(long, default_value_t = defaults::OVERLAP_DECAY, help_heading = "Routing Policy")]
+    pub overlap_decay: f32,
+
+    /// cache_aware: softmax temperature over near-equal candidates; 0 = argmax.
+    #[arg(long, default_value_t = defaults::SELECTION_TEMPERATURE, help_heading = "Routing Policy")]
+    pub selection_temperature: f32,
+
+    /// Seconds between cache-tree (and sticky-map) eviction cycles.
+    #[arg(long, default_value_t = defaults::EVICTION_INTERVAL_SECS, help_heading = "Routing Policy")]
+    pub eviction_interval: u64,
+
+    /// cache_aware: maximum size of each model's tree (characters over HTTP).
+    #[arg(long, default_value_t = defaults::MAX_TREE_SIZE, help_heading = "Routing Policy")]
+    pub max_tree_size: usize,
+
+    /// cache_aware: token-tree page size.
+    #[arg(long, default_value_t = defaults::BLOCK_SIZE, help_heading = "Routing Policy")]
+    pub block_size: usize,
+
+    /// Token positions where engines keep reusable prefix state (comma-separated).
+    #[arg(long, value_delimiter = ',', help_heading = "Routing Policy")]
+    pub cache_boundaries: Vec<usize>,
+
+    /// cache_aware index: tree or hash.
+    #[arg(long, value_enum, default_value = defaults::CACHE_INDEX, help_heading = "Routing Policy")]
+    pub cache_index: CacheIndexKind,
+
+    /// Seconds a cache-affinity placement stays routable (≥ 1).
+    #[arg(long, default_value_t = defaults::CACHE_TTL_SECS, help_heading = "Routing Policy")]
+    pub cache_ttl_secs: u64,
+
+    /// Seconds an unused sticky routing key stays pinned.
+    #[arg(long, visible_alias = "sticky-key-idle-secs", default_value_t = defaults::MAX_IDLE_SECS, help_heading = "Routing Policy")]
+    #[serde(alias = "sticky_key_idle_secs")]
+    pub max_idle_secs: u64,
+
+    /// How a first-seen sticky key picks its worker: random, min_load, min_group, delegate
+    /// (default random for manual, delegate for routing_key_override).
+    #[arg(long, value_enum, help_heading = "Routing Policy")]
+    pub assignment_mode: Option<AssignmentMode>,
+
+    /// prefix_hash: prefix tokens hashed (or 4× as many characters).
+    #[arg(long, default_value_t = defaults::PREFIX_TOKEN_COUNT, help_heading = "Routing Policy")]
+    pub prefix_token_count: usize,
+
+    /// prefix_hash: load factor above the mean that counts as overloaded (≥ 1.0).
+    #[arg(long, default_value_t = defaults::PREFIX_HASH_LOAD_FACTOR, help_heading = "Routing Policy")]
+    pub prefix_hash_load_factor: f64,
+
+    /// prefix_hash: absolute load above the mean that counts as overloaded.
+    #[arg(long, default_value_t = defaults::PREFIX_HASH_BALANCE_ABS_THRESHOLD, help_heading = "Routing Policy")]
+    pub prefix_hash_balance_abs_threshold: usize,
+
+    /// least_load: KV-pressure weight λ, seconds.
+    #[arg(long, default_value_t = defaults::LEAST_LOAD_KV_PRESSURE_WEIGHT, help_heading = "Routing Policy")]
+    pub least_load_kv_pressure_weight: f64,
+
+    /// least_load: throughput (tokens/s) assumed when a worker reports none.
+    #[arg(long, default_value_t = defaults::LEAST_LOAD_DEFAULT_THROUGHPUT, help_heading = "Routing Policy")]
+    pub least_load_default_throughput: f64,
+
+    /// least_load: prefill tokens credited per dispatch when the count is unknown.
+    #[arg(long, default_value_t = defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS, help_heading = "Routing Policy")]
+    pub least_load_mean_prefill_tokens: u32,
+
+    /// least_load: skip workers with this many waiting requests; 0 = off.
+    #[arg(long, default_value_t = defaults::LEAST_LOAD_MAX_WAITING_REQUESTS, help_heading = "Routing Policy")]
+    pub least_load_max_waiting_requests: u32,
+
+    /// Sticky sessions on any policy (key from the body rid, else the routing-key header).
+    #[arg(
+        long,
+        visible_alias = "sticky-sessions",
+        help_heading = "Routing Policy"
+    )]
+    #[serde(alias = "sticky_sessions")]
+    pub routing_key_override: bool,
+
+    /// Headers checked, in order, for the routing key.
+    #[arg(long, num_args = 0.., default_value = defaults::ROUTING_KEY_HEADER, help_heading = "Routing Policy")]
+    pub routing_key_headers: Vec<String>,
+
+    // ---- Load monitoring and overload --------------------------------------------------------
+    /// Seconds between worker load polls; also the Retry-After of an overload shed.
+    #[arg(long, default_value_t = defaults::LOAD_MONITOR_INTERVAL_SECS, help_heading = "Load Monitoring")]
+    pub load_monitor_interval: u64,
+
+    /// Enable overload protection with the default threshold (token usage 0.9).
+    #[arg(long, help_heading = "Load Monitoring")]
+    pub worker_overload_protection: bool,
+
+    /// Waiting requests (summed over DP ranks) at which a worker is overloaded (≥ 1).
+    #[arg(long, help_heading = "Load Monitoring")]
+    pub worker_overload_waiting_requests: Option<usize>,
+
+    /// Mean KV token usage at which a worker is overloaded, in (0, 1].
+    #[arg(long, help_heading = "Load Monitoring")]
+    pub worker_overload_token_usage: Option<f64>,
+
+    // ---- Request handling and timeouts --------------------------------------------------------
+    /// Bearer key required on serving routes (on `launch`, also the --prefill/--decode workers'
+    /// key; in YAML, set each worker's api_key).
+    #[arg(long, help_heading = "Request Handling")]
+    #[serde(serialize_with = "redact_secret")]
+    pub api_key: Option<String>,
+
+    /// Largest request body accepted, bytes (larger → 413).
+    #[arg(long, default_value_t = defaults::MAX_PAYLOAD_SIZE, help_heading = "Request Handling")]
+    pub max_payload_size: usize,
+
+    /// Total deadline of a request, body and stream included, seconds.
+    #[arg(long, default_value_t = defaults::REQUEST_TIMEOUT_SECS, help_heading = "Request Handling")]
+    pub request_timeout_secs: u64,
+
+    /// Idle timeout of pooled engine connections, seconds (keep below the engines' 5 s; 0 = no
+    /// limit).
+    #[arg(long, default_value_t = defaults::UPSTREAM_POOL_IDLE_TIMEOUT_SECS, help_heading = "Request Handling")]
+    pub upstream_pool_idle_timeout_secs: u64,
+
+    /// Headers checked, in order, for a request id (empty = x-request-id x-correlation-id
+    /// x-trace-id request-id).
+    #[arg(long, num_args = 0.., help_heading = "Request Handling")]
+    pub request_id_headers: Vec<String>,
+
+    /// pdgate: TCP connect timeout to an engine, milliseconds.
+    #[arg(long, default_value_t = defaults::CONNECT_TIMEOUT_MS, help_heading = "Request Handling")]
+    pub connect_timeout_ms: u64,
+
+    /// pdgate: deadline for reading the client's request body, seconds (0 = the total).
+    #[arg(long, default_value_t = defaults::BODY_READ_TIMEOUT_SECS, help_heading = "Request Handling")]
+    pub body_read_timeout_secs: u64,
+
+    /// pdgate: deadline for the prefill leg's response head, seconds (0 = the total).
+    #[arg(long, default_value_t = defaults::PREFILL_HEAD_TIMEOUT_SECS, help_heading = "Request Handling")]
+    pub prefill_head_timeout_secs: u64,
+
+    /// pdgate: deadline for the decode leg's first byte, seconds (0 = the total).
+    #[arg(long, default_value_t = defaults::DECODE_FIRST_BYTE_TIMEOUT_SECS, help_heading = "Request Handling")]
+    pub decode_first_byte_timeout_secs: u64,
+
+    /// pdgate: longest silence inside a streamed decode body, seconds (0 = the total).
+    #[arg(long, default_value_t = defaults::STREAM_IDLE_TIMEOUT_SECS, help_heading = "Request Handling")]
+    pub stream_idle_timeout_secs: u64,
+
+    // ---- Retries ------------------------------------------------------------------------------
+    /// Total attempts per request, the first included (≤ 1 disables retries).
+    #[arg(long, default_value_t = defaults::RETRY_MAX_RETRIES, help_heading = "Retry Configuration")]
+    pub retry_max_retries: u32,
+
+    /// Backoff before the first retry, milliseconds.
+    #[arg(long, default_value_t = defaults::RETRY_INITIAL_BACKOFF_MS, help_heading = "Retry Configuration")]
+    pub retry_initial_backoff_ms: u64,
+
+    /// Backoff ceiling, milliseconds.
+    #[arg(long, default_value_t = defaults::RETRY_MAX_BACKOFF_MS, help_heading = "Retry Configuration")]
+    pub retry_max_backoff_ms: u64,
+
+    /// Backoff multiplier per attempt (≥ 1.0).
+    #[arg(long, default_value_t = defaults::RETRY_BACKOFF_MULTIPLIER, help_heading = "Retry Configuration")]
+    pub retry_backoff_multiplier: f32,
+
+    /// Jitter, as a fraction of the delay, in [0, 1].
+    #[arg(long, default_value_t = defaults::RETRY_JITTER_FACTOR, help_heading = "Retry Configuration")]
+    pub retry_jitter_factor: f32,
+
+    /// Disable retries.
+    #[arg(long, help_heading = "Retry Configuration")]
+    pub disable_retries: bool,
+
+    // ---- Circuit breaker ----------------------------------------------------------------------
+    /// Consecutive failures that open a worker's breaker.
+    #[arg(long, default_value_t = defaults::CB_FAILURE_THRESHOLD, help_heading = "Circuit Breaker")]
+    pub cb_failure_threshold: u32,
+
+    /// Consecutive half-open successes that close it.
+    #[arg(long, default_value_t = defaults::CB_SUCCESS_THRESHOLD, help_heading = "Circuit Breaker")]
+    pub cb_success_threshold: u32,
+
+    /// Seconds an open breaker waits before half-open.
+    #[arg(long, default_value_t = defaults::CB_TIMEOUT_DURATION_SECS, help_heading = "Circuit Breaker")]
+    pub cb_timeout_duration_secs: u64,
+
+    /// Failure window, seconds (accepted; like SMG, decisions count consecutive outcomes).
+    #[arg(long, default_value_t = defaults::CB_WINDOW_DURATION_SECS, help_heading = "Circuit Breaker")]
+    pub cb_window_duration_secs: u64,
+
+    /// Disable circuit breakers.
+    #[arg(long, help_heading = "Circuit Breaker")]
+    pub disable_circuit_breaker: bool,
+
+    // ---- Health checks and worker startup ----------------------------------------------------
+    /// Consecutive probe failures that take a worker out of rotation.
+    #[arg(long, default_value_t = defaults::HEALTH_FAILURE_THRESHOLD, help_heading = "Health Checks")]
+    pub health_failure_threshold: u32,
+
+    /// Consecutive probe successes that put it back.
+    #[arg(long, default_value_t = defaults::HEALTH_SUCCESS_THRESHOLD, help_heading = "Health Checks")]
+    pub health_success_threshold: u32,
+
+    /// Timeout of one probe, seconds.
+    #[arg(long, default_value_t = defaults::HEALTH_CHECK_TIMEOUT_SECS, help_heading = "Health Checks")]
+    pub health_check_timeout_secs: u64,
+
+    /// Seconds between probes of each worker.
+    #[arg(long, default_value_t = defaults::HEALTH_CHECK_INTERVAL_SECS, help_heading = "Health Checks")]
+    pub health_check_interval_secs: u64,
+
+    /// Path probed on each worker.
+    #[arg(long, default_value = defaults::HEALTH_CHECK_ENDPOINT, help_heading = "Health Checks")]
+    pub health_check_endpoint: String,
+
+    /// Never probe; workers start ready.
+    #[arg(long, help_heading = "Health Checks")]
+    pub disable_health_check: bool,
+
+    /// Remove workers that reach the terminal failed state (default off without service
+    /// discovery).
+    #[arg(long, visible_alias = "worker-auto-recovery", num_args = 0..=1, default_missing_value = "true", help_heading = "Health Checks")]
+    #[serde(alias = "worker_auto_recovery")]
+    pub remove_unhealthy_workers: Option<bool>,
+
+    /// Seconds a removed worker stays draining before it leaves the registry.
+    #[arg(long, default_value_t = defaults::DRAIN_SETTLE_SECS, help_heading = "Health Checks")]
+    pub drain_settle_secs: u64,
+
+    /// Give up registering a worker after this many seconds.
+    #[arg(long, default_value_t = defaults::WORKER_STARTUP_TIMEOUT_SECS, help_heading = "Health Checks")]
+    pub worker_startup_timeout_secs: u64,
+
+    /// Seconds between registration probes.
+    #[arg(long, default_value_t = defaults::WORKER_STARTUP_CHECK_INTERVAL_SECS, help_heading = "Health Checks")]
+    pub worker_startup_check_interval: u64,
+
+    /// Seconds before the first registration probe.
+    #[arg(long, default_value_t = defaults::WORKER_STARTUP_DELAY_SECS, help_heading = "Health Checks")]
+    pub worker_startup_delay: u64,
+
+    // ---- Logging --------------------------------------------------------------------------------
+    /// Default log filter: debug, info, warn or error (RUST_LOG, when set, wins).
+    #[arg(long, value_enum, default_value = defaults::LOG_LEVEL, help_heading = "Logging")]
+    pub log_level: LogLevel,
+
+    // ---- Workers -------------------------------------------------------------------------------
+    /// Startup workers, each a `POST /workers` body (YAML only; `launch` uses --prefill and
+    /// --decode).
+    #[arg(skip)]
+    pub workers: Vec<WorkerSpec>,
+
+    /// pdgate: a YAML file holding a list of worker specs, read at startup and on reload
+    /// (relative to the config file).
+    #[arg(long, help_heading = "PD Disaggregation")]
+    pub workers_file: Option<PathBuf>,
+}
+
+/// Parses nothing but the defaults: `GatewayConfig::default()` is what `launch` gives with no
+/// flags, so a missing YAML key means exactly what a missing flag means.
+#[derive(clap::Parser)]
+#[command(no_binary_name = true)]
+struct DefaultsOnly {
+    #[command(flatten)]
+    gateway: GatewayConfig,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        use clap::Parser;
+        // Invariant (local, tested by `defaults_parse`): every field has a clap default or is
+        // optional, so parsing an empty argv cannot fail.
+        DefaultsOnly::try_parse_from(std::iter::empty::<String>())
+            .expect("every GatewayConfig flag has a default")
+            .gateway
+    }
+}
+
+fn redact_secret<S: Serializer>(value: &Option<String>, serializer: S) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(_) => serializer.serialize_some("<redacted>"),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// Joins a host and a port into a listen address, bracketing IPv6 literals.
+pub(crate) fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+impl GatewayConfig {
+    /// The prefill leg's policy: `prefill_policy`, else `policy`.
+    pub fn effective_prefill_policy(&self) -> PolicyKind {
+        self.prefill_policy.unwrap_or(self.policy)
+    }
+
+    /// The decode leg's policy: `decode_policy`, else `policy`.
+    pub fn effective_decode_policy(&self) -> PolicyKind {
+        self.decode_policy.unwrap_or(self.policy)
+    }
+
+    /// `host:port` of the serving listener.
+    pub fn listen_addr(&self) -> String {
+        join_host_port(&self.host, self.port)
+    }
+
+    /// `host:port` of the Prometheus listener.
+    pub fn prometheus_addr(&self) -> String {
+        join_host_port(&self.prometheus_host, self.prometheus_port)
+    }
+
+    /// `host:port` of the separate admin listener, when `admin_port` is set (loopback unless
+    /// `admin_host` says otherwise). `None`: admin routes share the serving listener.
+    pub fn admin_addr(&self) -> Option<String> {
+        let port = self.admin_port?;
+        Some(join_host_port(
+            self.admin_host.as_deref().unwrap_or(defaults::ADMIN_HOST),
+            port,
+        ))
+    }
+
+    /// `host:port` of the dedicated probe listener, when `health_check_port` is set.
+    pub fn health_check_addr(&self) -> Option<String> {
+        self.health_check_port
+            .map(|port| join_host_port(&self.host, port))
+    }
+
+    /// Request-id headers in lookup order (SMG's list when none is configured), lowercased.
+    pub fn request_id_header_names(&self) -> Vec<String> {
+        if self.request_id_headers.is_empty() {
+            defaults::REQUEST_ID_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect()
+        } else {
+            self.request_id_headers
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect()
+        }
+    }
+
+    /// Routing-key headers in lookup order, lowercased.
+    pub fn routing_key_header_names(&self) -> Vec<String> {
+        self.routing_key_headers
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect()
+    }
+
+    /// The default `log` filter (`RUST_LOG`, when set, should win).
+    pub fn log_filter(&self) -> log::LevelFilter {
+        self.log_level.as_level_filter()
+    }
+}

@@ -1,0 +1,729 @@
+//! `pdgate launch`: SMG's `smg launch` command line, mapped onto the same model as the YAML file.
+//!
+//! Every `gateway:` key is a flag (flattened [`GatewayConfig`]). On top of those:
+//! - `--prefill URL [PORT|none]`, `--decode URL`: the startup workers (SMG's hand-parsed
+//!   optional bootstrap port is folded into one token by [`normalize_launch_argv`]);
+//! - `--runtime-worker-threads`, `--shutdown-grace-period-secs`: process settings, mapped onto
+//!   Pingora's `threads` / `grace_period_seconds` (under `run -c`, write Pingora's keys);
+//! - every other SMG flag, parsed so an SMG command line is accepted by the parser, then either
+//!   refused (a feature pdgate does not have: the operator must know) or accepted with a notice
+//!   (no effect on the HTTP PD path). The dispositions are one table, [`SMG_ONLY_FLAGS`], which
+//!   also explains these names when they show up as `gateway:` keys in a YAML file.
+
+use pingora::server::configuration::ServerConf;
+
+use super::defaults;
+use super::error::{flag_name, ConfigError};
+use super::gateway::GatewayConfig;
+use super::validate::{refuse_duplicate_urls, validate, validate_startup_worker};
+use super::worker::{WorkerSpec, WorkerType};
+use super::{ConfigSource, LoadedConfig};
+
+/// One `--prefill` (or `--encode`) value after [`normalize_launch_argv`]: a URL and the
+/// optional bootstrap port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartupWorkerArg {
+    pub url: String,
+    pub bootstrap_port: Option<u16>,
+}
+
+/// Separates the URL from its port inside one normalized argv token. A URL never contains a
+/// raw space, so the split is unambiguous.
+const URL_PORT_SEPARATOR: char = ' ';
+
+fn parse_startup_worker_arg(value: &str) -> Result<StartupWorkerArg, String> {
+    let (url, port) = match value.split_once(URL_PORT_SEPARATOR) {
+        Some((url, port)) => (url, Some(port)),
+        None => (value, None),
+    };
+    if url.is_empty() || url.starts_with('-') {
+        return Err(format!("expected a worker URL, got '{url}'"));
+    }
+    let bootstrap_port =
+        match port {
+            None => None,
+            Some(p) if p.eq_ignore_ascii_case("none") => None,
+            Some(p) => match p.parse::<u16>() {
+                Ok(0) => return Err(
+                    "bootstrap port 0 is not allowed; give the engine's bootstrap port or `none`"
+                        .into(),
+                ),
+                Ok(port) => Some(port),
+                Err(_) => {
+                    return Err(format!(
+                        "bootstrap port '{p}' is not a port number (1-65535) or `none`"
+                    ))
+                }
+            },
+        };
+    Ok(StartupWorkerArg {
+        url: url.to_string(),
+        bootstrap_port,
+    })
+}
+
+/// Rewrites SMG's `--prefill URL [PORT|none]` (and `--encode`, same shape) so clap can parse
+/// it: the optional second token joins the URL in one value. As in SMG, that token is taken
+/// when it parses as a port (`u16`) or is `none` (any case), and is otherwise left as the next
+/// argument. pdgate also takes an all-digit token that does not fit a port, so the error says
+/// "out of range" instead of "unexpected argument". Port 0 is rejected when the value is parsed.
+/// `--prefill=URL` is accepted too; everything after `--` is left alone.
+pub fn normalize_launch_argv(args: Vec<String>) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut iter = args.into_iter().peekable();
+    while let Some(arg) = iter.next() {
+        if arg == "--" {
+            out.push(arg);
+            out.extend(iter);
+            break;
+        }
+        let (flag, inline_url) = match arg.split_once('=') {
+            Some((flag, url)) if is_url_port_flag(flag) => {
+                (flag.to_string(), Some(url.to_string()))
+            }
+            _ if is_url_port_flag(&arg) => (arg.clone(), None),
+            _ => {
+                out.push(arg);
+                continue;
+            }
+        };
+        let url = match inline_url {
+            Some(url) => url,
+            None => match iter.peek() {
+                Some(next) if !next.starts_with("--") => iter.next().unwrap_or_default(),
+                // No URL: let clap report the missing value.
+                _ => {
+                    out.push(flag);
+                    continue;
+                }
+            },
+        };
+        let port_token = iter.peek().filter(|next| is_port_token(next)).cloned();
+        out.push(flag);
+        match port_token {
+            Some(port) => {
+                iter.next();
+                out.push(format!("{url}{URL_PORT_SEPARATOR}{port}"));
+            }
+            None => out.push(url),
+        }
+    }
+    out
+}
+
+fn is_url_port_flag(arg: &str) -> bool {
+    arg == "--prefill" || arg == "--encode"
+}
+
+fn is_port_token(token: &str) -> bool {
+    token.eq_ignore_ascii_case("none")
+        || (!token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Every flag of `smg launch`, as `pdgate launch` accepts them.
+#[derive(Clone, Debug, clap::Args)]
+pub struct LaunchArgs {
+    #[command(flatten)]
+    pub gateway: GatewayConfig,
+
+    /// Prefill worker: `--prefill URL [BOOTSTRAP_PORT|none]`. Repeat per worker.
+    #[arg(long, value_name = "URL [PORT|none]", action = clap::ArgAction::Append, value_parser = parse_startup_worker_arg, help_heading = "PD Disaggregation")]
+    pub prefill: Vec<StartupWorkerArg>,
+
+    /// Decode worker URL. Repeat per worker.
+    #[arg(long, value_name = "URL", action = clap::ArgAction::Append, help_heading = "PD Disaggregation")]
+    pub decode: Vec<String>,
+
+    /// Worker threads of the serving runtime (Pingora `threads`; default: all CPUs).
+    #[arg(long, help_heading = "Process")]
+    pub runtime_worker_threads: Option<usize>,
+
+    /// Seconds in-flight requests may keep running after SIGTERM (Pingora `grace_period_seconds`).
+    #[arg(long, default_value_t = defaults::SHUTDOWN_GRACE_PERIOD_SECS, help_heading = "Process")]
+    pub shutdown_grace_period_secs: u64,
+
+    #[command(flatten)]
+    pub smg_only: SmgOnlyFlags,
+}
+
+/// What pdgate does with an SMG flag it does not implement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// Refused: the flag asks for a feature pdgate does not have.
+    Refused,
+    /// Accepted and ignored (with a notice): no effect on the HTTP PD path.
+    Ignored,
+}
+
+/// SMG flags outside [`GatewayConfig`], by snake_case name: what pdgate does when one is given,
+/// and why. One table for `launch` (refuse/notice) and YAML (explain an unknown key).
+pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
+    use Disposition::{Ignored, Refused};
+    &[
+        ("worker_urls", Refused, "regular (non-PD) workers are SMG's regular mode; pdgate serves only PD: use --prefill/--decode"),
+        ("epd_disaggregation", Refused, "EPD (encode workers) is not supported; SMG runs it only over gRPC with TokenSpeed"),
+        ("encode", Refused, "EPD (encode workers) is not supported"),
+        ("encode_policy", Refused, "EPD (encode workers) is not supported"),
+        ("encode_selector", Refused, "EPD and Kubernetes service discovery are not supported"),
+        ("enable_igw", Refused, "IGW (multi-model, multi-router) mode is not supported; pdgate is a PD router"),
+        ("service_discovery", Refused, "Kubernetes service discovery is not supported; list workers in the config or register them with POST /workers"),
+        ("selector", Refused, "Kubernetes service discovery is not supported"),
+        ("prefill_selector", Refused, "Kubernetes service discovery is not supported"),
+        ("decode_selector", Refused, "Kubernetes service discovery is not supported"),
+        ("router_selector", Refused, "Kubernetes service discovery and the HA mesh are not supported"),
+        ("service_discovery_port", Refused, "Kubernetes service discovery is not supported"),
+        ("service_discovery_namespace", Refused, "Kubernetes service discovery is not supported"),
+        ("kv_connector_annotation", Refused, "Kubernetes service discovery is not supported; set kv_connector on the worker spec"),
+        ("kv_engine_id_annotation", Refused, "Kubernetes service discovery is not supported; set kv_engine_id on the worker spec"),
+        ("model_id_from", Refused, "Kubernetes service discovery is not supported"),
+        ("model_alias", Refused, "model aliases are not supported"),
+        ("backend", Refused, "external-provider backends (openai, anthropic, gemini) are not PD; engine backends are detected per worker"),
+        ("zmq_engine_count", Refused, "ipc:// (ZMQ) workers cannot be PD legs"),
+        ("log_dir", Refused, "pdgate logs to stderr (Pingora's `error_log` in daemon mode); capture it with your supervisor"),
+        ("log_json", Refused, "JSON log output is not supported; logs are plain text"),
+        ("cors_allowed_origins", Refused, "CORS is not supported; terminate CORS in front of pdgate"),
+        ("max_concurrent_requests", Refused, "the concurrency limiter is not supported; use worker overload protection"),
+        ("rate_limit_tokens_per_second", Refused, "rate limiting is not supported"),
+        ("priority_scheduler_enabled", Refused, "the priority admission scheduler is not supported"),
+        ("priority_scheduler_config", Refused, "the priority admission scheduler is not supported"),
+        ("tenant_rate_limit_enabled", Refused, "tenant rate limiting is not supported"),
+        ("tenant_rate_limit_config", Refused, "tenant rate limiting is not supported"),
+        ("tenant_api_key", Refused, "per-tenant API keys are not supported; use --api-key"),
+        ("trust_tenant_header", Refused, "tenants are not supported"),
+        ("storage_context_headers", Refused, "storage hooks are not supported"),
+        ("history_backend", Refused, "stored conversation history (oracle, postgres, redis) is not supported; /v1/responses is proxied to the engine"),
+        ("enable_wasm", Refused, "WebAssembly plugins are not supported"),
+        ("storage_hook_wasm_path", Refused, "WebAssembly plugins are not supported"),
+        ("schema_config", Refused, "history storage is not supported"),
+        ("oracle_wallet_path", Refused, "history storage is not supported"),
+        ("oracle_tns_alias", Refused, "history storage is not supported"),
+        ("oracle_dsn", Refused, "history storage is not supported"),
+        ("oracle_user", Refused, "history storage is not supported"),
+        ("oracle_password", Refused, "history storage is not supported"),
+        ("oracle_external_auth", Refused, "history storage is not supported"),
+        ("oracle_pool_min", Refused, "history storage is not supported"),
+        ("oracle_pool_max", Refused, "history storage is not supported"),
+        ("oracle_pool_timeout_secs", Refused, "history storage is not supported"),
+        ("postgres_db_url", Refused, "history storage is not supported"),
+        ("postgres_pool_max_size", Refused, "history storage is not supported"),
+        ("redis_url", Refused, "history storage is not supported"),
+        ("redis_pool_max_size", Refused, "history storage is not supported"),
+        ("redis_retention_days", Refused, "history storage is not supported"),
+        ("tls_cert_path", Refused, "TLS termination is not supported yet; terminate TLS in front of pdgate"),
+        ("tls_key_path", Refused, "TLS termination is not supported yet; terminate TLS in front of pdgate"),
+        ("enable_trace", Refused, "OpenTelemetry tracing is not supported yet"),
+        ("jwt_issuer", Refused, "control-plane JWT/OIDC authentication is not supported; use --api-key and a separate admin listener (admin_port)"),
+        ("jwt_audience", Refused, "control-plane JWT/OIDC authentication is not supported"),
+        ("jwt_jwks_uri", Refused, "control-plane JWT/OIDC authentication is not supported"),
+        ("jwt_role_claim", Refused, "control-plane JWT/OIDC authentication is not supported"),
+        ("jwt_role_mapping", Refused, "control-plane JWT/OIDC authentication is not supported"),
+        ("control_plane_api_keys", Refused, "control-plane API keys are not supported; use --api-key and a separate admin listener (admin_port)"),
+        ("enable_mesh", Refused, "the HA mesh is not supported; run independent pdgate replicas"),
+        ("mesh_server_name", Refused, "the HA mesh is not supported"),
+        ("mesh_host", Refused, "the HA mesh is not supported"),
+        ("mesh_advertise_host", Refused, "the HA mesh is not supported"),
+        ("mesh_port", Refused, "the HA mesh is not supported"),
+        ("mesh_peer_urls", Refused, "the HA mesh is not supported"),
+        ("webrtc_bind_addr", Refused, "WebRTC is not supported"),
+        ("webrtc_stun_server", Refused, "WebRTC is not supported"),
+        ("mcp_config_path", Refused, "MCP tools are not supported"),
+        ("queue_size", Ignored, "only used with --max-concurrent-requests"),
+        ("queue_timeout_secs", Ignored, "only used with --max-concurrent-requests"),
+        ("priority_scheduler_default_max_class", Ignored, "only used with the priority scheduler"),
+        ("priority_scheduler_tenant_metric_top_n", Ignored, "only used with the priority scheduler"),
+        ("tenant_header_name", Ignored, "only used with --trust-tenant-header"),
+        ("otlp_traces_endpoint", Ignored, "only used with --enable-trace"),
+        ("disable_audit_logging", Ignored, "pdgate has no control-plane audit log"),
+        ("job_queue_capacity", Ignored, "pdgate registers workers without SMG's job queue"),
+        ("job_queue_concurrency", Ignored, "pdgate registers workers without SMG's job queue"),
+        ("upstream_http2", Ignored, "pdgate speaks HTTP/1.1 to workers (SMG falls back to it for workers without HTTP/2)"),
+        ("disable_load_monitoring", Ignored, "pdgate polls loads only when a policy or overload protection needs them"),
+        ("engine_metrics", Ignored, "engine load gauges come from gRPC load reports"),
+        ("kv_indexer_ttl_secs", Ignored, "the event-driven KV indexer is gRPC-only"),
+        ("kv_indexer_max_entries", Ignored, "the event-driven KV indexer is gRPC-only"),
+        ("multimodal_tensor_transport", Ignored, "HTTP legs carry media as sent"),
+        ("multimodal_shm_min_bytes", Ignored, "HTTP legs carry media as sent"),
+        ("mm_per_request_image_limit", Ignored, "media limits are the engine's over HTTP"),
+        ("max_buffered_request_bytes", Ignored, "PD requests are always buffered, up to --max-payload-size"),
+        ("stream_body_stall_timeout_secs", Ignored, "PD request bodies are read whole, bounded by --body-read-timeout-secs"),
+        ("chat_template", Ignored, "gRPC pipeline only"),
+        ("disable_tokenizer_autoload", Ignored, "gRPC pipeline only"),
+        ("tokenizer_cache_enable_l0", Ignored, "gRPC pipeline only"),
+        ("tokenizer_cache_l0_max_entries", Ignored, "gRPC pipeline only"),
+        ("tokenizer_cache_enable_l1", Ignored, "gRPC pipeline only"),
+        ("tokenizer_cache_l1_max_memory", Ignored, "gRPC pipeline only"),
+        ("reasoning_parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
+        ("tool_call_parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
+    ]
+};
+
+/// Launch-only flags that map onto Pingora's top-level keys; in YAML, write those instead.
+pub(crate) const LAUNCH_ONLY_PROCESS_FLAGS: &[(&str, &str)] = &[
+    ("runtime_worker_threads", "threads"),
+    ("shutdown_grace_period_secs", "grace_period_seconds"),
+];
+
+/// The SMG flags pdgate parses but does not implement. Types are loose on purpose (strings,
+/// options): the value is never used, only whether the flag asks for a feature.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct SmgOnlyFlags {
+    #[arg(long, num_args = 0.., hide = true)]
+    worker_urls: Vec<String>,
+    #[arg(long, hide = true)]
+    epd_disaggregation: bool,
+    #[arg(long, action = clap::ArgAction::Append, value_parser = parse_startup_worker_arg, hide = true)]
+    encode: Vec<StartupWorkerArg>,
+    #[arg(long, hide = true)]
+    encode_policy: Option<String>,
+    #[arg(long, num_args = 0.., hide = true)]
+    encode_selector: Vec<String>,
+    #[arg(long, hide = true)]
+    enable_igw: bool,
+    #[arg(long, hide = true)]
+    service_discovery: bool,
+    #[arg(long, num_args = 0.., hide = true)]
+    selector: Vec<String>,
+    #[arg(long, num_args = 0.., hide = true)]
+    prefill_selector: Vec<String>,
+    #[arg(long, num_args = 0.., hide = true)]
+    decode_selector: Vec<String>,
+    #[arg(long, num_args = 0.., hide = true)]
+    router_selector: Vec<String>,
+    #[arg(long, hide = true)]
+    service_discovery_port: Option<u16>,
+    #[arg(long, hide = true)]
+    service_discovery_namespace: Option<String>,
+    #[arg(long, hide = true)]
+    kv_connector_annotation: Option<String>,
+    #[arg(long, hide = true)]
+    kv_engine_id_annotation: Option<String>,
+    #[arg(long, hide = true)]
+    model_id_from: Option<String>,
+    #[arg(long = "model-alias", action = clap::ArgAction::Append, hide = true)]
+    model_alias: Vec<String>,
+    /// `sglang`, `vllm`, `trtllm` and `tokenspeed` are accepted (the HTTP PD path detects the
+    /// runtime per worker); the external providers are refused.
+    #[arg(long, alias = "runtime", value_parser = ["sglang", "vllm", "trtllm", "tokenspeed", "openai", "anthropic", "gemini"], hide = true)]
+    backend: Option<String>,
+    #[arg(long, hide = true)]
+    zmq_engine_count: Option<String>,
+    #[arg(long, hide = true)]
+    log_dir: Option<String>,
+    #[arg(long, hide = true)]
+    log_json: bool,
+    #[arg(long, num_args = 0.., hide = true)]
+    cors_allowed_origins: Vec<String>,
+    /// -1 (SMG's default) disables the limiter and is accepted.
+    #[arg(long, allow_negative_numbers = true, hide = true)]
+    max_concurrent_requests: Option<i64>,
+    /// Unset or 0 is accepted.
+    #[arg(long, allow_negative_numbers = true, hide = true)]
+    rate_limit_tokens_per_second: Option<i64>,
+    #[arg(long, hide = true)]
+    priority_scheduler_enabled: bool,
+    #[arg(long, hide = true)]
+    priority_scheduler_config: Option<String>,
+    #[arg(long, hide = true)]
+    tenant_rate_limit_enabled: bool,
+    #[arg(long, hide = true)]
+    tenant_rate_limit_config: Option<String>,
+    #[arg(long = "tenant-api-key", action = clap::ArgAction::Append, hide = true)]
+    tenant_api_key: Vec<String>,
+    #[arg(long, hide = true)]
+    trust_tenant_header: bool,
+    #[arg(long, num_args = 0.., hide = true)]
+    storage_context_headers: Vec<String>,
+    /// `memory` (SMG's default) and `none` are accepted: pdgate stores nothing.
+    #[arg(long, value_parser = ["memory", "none", "oracle", "postgres", "redis"], hide = true)]
+    history_backend: Option<String>,
+    #[arg(long, hide = true)]
+    enable_wasm: bool,
+    #[arg(long, hide = true)]
+    storage_hook_wasm_path: Option<String>,
+    #[arg(long, hide = true)]
+    schema_config: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_wallet_path: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_tns_alias: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_dsn: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_user: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_password: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_external_auth: bool,
+    #[arg(long, hide = true)]
+    oracle_pool_min: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_pool_max: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_pool_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    postgres_db_url: Option<String>,
+    #[arg(long, hide = true)]
+    postgres_pool_max_size: Option<String>,
+    #[arg(long, hide = true)]
+    redis_url: Option<String>,
+    #[arg(long, hide = true)]
+    redis_pool_max_size: Option<String>,
+    #[arg(long, allow_negative_numbers = true, hide = true)]
+    redis_retention_days: Option<String>,
+    #[arg(long, hide = true)]
+    tls_cert_path: Option<String>,
+    #[arg(long, hide = true)]
+    tls_key_path: Option<String>,
+    #[arg(long, hide = true)]
+    enable_trace: bool,
+    #[arg(long, hide = true)]
+    jwt_issuer: Option<String>,
+    #[arg(long, hide = true)]
+    jwt_audience: Option<String>,
+    #[arg(long, hide = true)]
+    jwt_jwks_uri: Option<String>,
+    #[arg(long, hide = true)]
+    jwt_role_claim: Option<String>,
+    #[arg(long, action = clap::ArgAction::Append, hide = true)]
+    jwt_role_mapping: Vec<String>,
+    #[arg(long = "control-plane-api-keys", action = clap::ArgAction::Append, hide = true)]
+    control_plane_api_keys: Vec<String>,
+    #[arg(long, hide = true)]
+    enable_mesh: bool,
+    #[arg(long, hide = true)]
+    mesh_server_name: Option<String>,
+    #[arg(long, hide = true)]
+    mesh_host: Option<String>,
+    #[arg(long, hide = true)]
+    mesh_advertise_host: Option<String>,
+    #[arg(long, hide = true)]
+    mesh_port: Option<String>,
+    #[arg(long, num_args = 0.., hide = true)]
+    mesh_peer_urls: Vec<String>,
+    #[arg(long, hide = true)]
+    webrtc_bind_addr: Option<String>,
+    #[arg(long, hide = true)]
+    webrtc_stun_server: Option<String>,
+    #[arg(long, hide = true)]
+    mcp_config_path: Option<String>,
+    #[arg(long, hide = true)]
+    queue_size: Option<String>,
+    #[arg(long, hide = true)]
+    queue_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    priority_scheduler_default_max_class: Option<String>,
+    #[arg(long, hide = true)]
+    priority_scheduler_tenant_metric_top_n: Option<String>,
+    #[arg(long, hide = true)]
+    tenant_header_name: Option<String>,
+    #[arg(long, hide = true)]
+    otlp_traces_endpoint: Option<String>,
+    #[arg(long, hide = true)]
+    disable_audit_logging: bool,
+    #[arg(long, hide = true)]
+    job_queue_capacity: Option<String>,
+    #[arg(long, hide = true)]
+    job_queue_concurrency: Option<String>,
+    #[arg(long, hide = true)]
+    upstream_http2: bool,
+    #[arg(long, hide = true)]
+    disable_load_monitoring: bool,
+    #[arg(long, hide = true)]
+    engine_metrics: bool,
+    #[arg(long, hide = true)]
+    kv_indexer_ttl_secs: Option<String>,
+    #[arg(long, hide = true)]
+    kv_indexer_max_entries: Option<String>,
+    #[arg(long, hide = true)]
+    multimodal_tensor_transport: Option<String>,
+    #[arg(long, hide = true)]
+    multimodal_shm_min_bytes: Option<String>,
+    #[arg(long, hide = true)]
+    mm_per_request_image_limit: Option<String>,
+    #[arg(long, hide = true)]
+    max_buffered_request_bytes: Option<String>,
+    #[arg(long, hide = true)]
+    stream_body_stall_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    chat_template: Option<String>,
+    #[arg(long, hide = true)]
+    disable_tokenizer_autoload: bool,
+    #[arg(long, hide = true)]
+    tokenizer_cache_enable_l0: bool,
+    #[arg(long, hide = true)]
+    tokenizer_cache_l0_max_entries: Option<String>,
+    #[arg(long, hide = true)]
+    tokenizer_cache_enable_l1: bool,
+    #[arg(long, hide = true)]
+    tokenizer_cache_l1_max_memory: Option<String>,
+    #[arg(long, hide = true)]
+    reasoning_parser: Option<String>,
+    #[arg(long, hide = true)]
+    tool_call_parser: Option<String>,
+}
+
+/// "Was this flag given?" for the loose types of [`SmgOnlyFlags`].
+trait Given {
+    fn given(&self) -> bool;
+}
+
+impl Given for bool {
+    fn given(&self) -> bool {
+        *self
+    }
+}
+
+impl<T> Given for Option<T> {
+    fn given(&self) -> bool {
+        self.is_some()
+    }
+}
+
+impl<T> Given for Vec<T> {
+    fn given(&self) -> bool {
+        !self.is_empty()
+    }
+}
+
+impl SmgOnlyFlags {
+    /// The snake_case names of the flags given on the command line that ask for something
+    /// (SMG's "off" values — `--max-concurrent-requests -1`, `--history-backend memory`,
+    /// `--backend vllm`, … — are not requests).
+    pub fn given(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        macro_rules! given {
+            ($($field:ident),* $(,)?) => {
+                $( if Given::given(&self.$field) { out.push(stringify!($field)); } )*
+            };
+        }
+        given!(
+            worker_urls,
+            epd_disaggregation,
+            encode,
+            encode_policy,
+            encode_selector,
+            enable_igw,
+            service_discovery,
+            selector,
+            prefill_selector,
+            decode_selector,
+            router_selector,
+            service_discovery_port,
+            service_discovery_namespace,
+            kv_connector_annotation,
+            kv_engine_id_annotation,
+            model_id_from,
+            model_alias,
+            zmq_engine_count,
+            log_dir,
+            log_json,
+            cors_allowed_origins,
+            priority_scheduler_enabled,
+            priority_scheduler_config,
+            tenant_rate_limit_enabled,
+            tenant_rate_limit_config,
+            tenant_api_key,
+            trust_tenant_header,
+            storage_context_headers,
+            enable_wasm,
+            storage_hook_wasm_path,
+            schema_config,
+            oracle_wallet_path,
+            oracle_tns_alias,
+            oracle_dsn,
+            oracle_user,
+            oracle_password,
+            oracle_external_auth,
+            oracle_pool_min,
+            oracle_pool_max,
+            oracle_pool_timeout_secs,
+            postgres_db_url,
+            postgres_pool_max_size,
+            redis_url,
+            redis_pool_max_size,
+            redis_retention_days,
+            tls_cert_path,
+            tls_key_path,
+            enable_trace,
+            jwt_issuer,
+            jwt_audience,
+            jwt_jwks_uri,
+            jwt_role_claim,
+            jwt_role_mapping,
+            control_plane_api_keys,
+            enable_mesh,
+            mesh_server_name,
+            mesh_host,
+            mesh_advertise_host,
+            mesh_port,
+            mesh_peer_urls,
+            webrtc_bind_addr,
+            webrtc_stun_server,
+            mcp_config_path,
+            queue_size,
+            queue_timeout_secs,
+            priority_scheduler_default_max_class,
+            priority_scheduler_tenant_metric_top_n,
+            tenant_header_name,
+            otlp_traces_endpoint,
+            disable_audit_logging,
+            job_queue_capacity,
+            job_queue_concurrency,
+            upstream_http2,
+            disable_load_monitoring,
+            engine_metrics,
+            kv_indexer_ttl_secs,
+            kv_indexer_max_entries,
+            multimodal_tensor_transport,
+            multimodal_shm_min_bytes,
+            mm_per_request_image_limit,
+            max_buffered_request_bytes,
+            stream_body_stall_timeout_secs,
+            chat_template,
+            disable_tokenizer_autoload,
+            tokenizer_cache_enable_l0,
+            tokenizer_cache_l0_max_entries,
+            tokenizer_cache_enable_l1,
+            tokenizer_cache_l1_max_memory,
+            reasoning_parser,
+            tool_call_parser,
+        );
+        if self.max_concurrent_requests.is_some_and(|n| n >= 0) {
+            out.push("max_concurrent_requests");
+        }
+        if self.rate_limit_tokens_per_second.is_some_and(|n| n > 0) {
+            out.push("rate_limit_tokens_per_second");
+        }
+        if self
+            .history_backend
+            .as_deref()
+            .is_some_and(|b| !matches!(b, "memory" | "none"))
+        {
+            out.push("history_backend");
+        }
+        if self
+            .backend
+            .as_deref()
+            .is_some_and(|b| matches!(b, "openai" | "anthropic" | "gemini"))
+        {
+            out.push("backend");
+        }
+        out
+    }
+}
+
+/// The disposition and reason of an SMG-only flag, by snake_case name.
+pub(crate) fn smg_only_flag(name: &str) -> Option<(Disposition, &'static str)> {
+    SMG_ONLY_FLAGS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, d, why)| (*d, *why))
+}
+
+impl LaunchArgs {
+    /// Builds the validated configuration of `pdgate launch`: refuses SMG features pdgate does
+    /// not have, turns `--prefill` / `--decode` into startup worker specs (as SMG: role,
+    /// bootstrap port, `api_key` = `--api-key`, no labels, `max_connection_attempts` =
+    /// 10 × `health_success_threshold`), maps the process flags onto Pingora's `ServerConf`,
+    /// and runs [`validate`].
+    pub fn into_config(self) -> Result<LoadedConfig, ConfigError> {
+        let mut notices = Vec::new();
+        let given = self.smg_only.given();
+        let refused: Vec<String> = given
+            .iter()
+            .filter_map(|name| match smg_only_flag(name) {
+                Some((Disposition::Refused, why)) => Some(format!("{} ({why})", flag_name(name))),
+                _ => None,
+            })
+            .collect();
+        if !refused.is_empty() {
+            return Err(ConfigError::unsupported(
+                "pdgate launch",
+                format!(
+                    "pdgate does not support {}; remove the flag(s)",
+                    refused.join("; ")
+                ),
+            ));
+        }
+        for name in &given {
+            if let Some((Disposition::Ignored, why)) = smg_only_flag(name) {
+                notices.push(format!(
+                    "{} has no effect in pdgate: {why}",
+                    flag_name(name)
+                ));
+            }
+        }
+        if self.smg_only.backend.is_some() {
+            notices.push(
+                "--backend has no effect in pdgate: the HTTP PD path detects each worker's runtime"
+                    .into(),
+            );
+        }
+
+        let mut gateway = self.gateway;
+        if !gateway.workers.is_empty() {
+            // `workers` has no flag; only a caller building LaunchArgs by hand could set it.
+            return Err(ConfigError::invalid_key(
+                "workers",
+                "is YAML-only; use --prefill and --decode",
+            ));
+        }
+        let attempts = defaults::STARTUP_WORKER_CONNECTION_ATTEMPTS_PER_SUCCESS
+            .saturating_mul(gateway.health_success_threshold);
+        let mut launch_workers = Vec::new();
+        for arg in self.prefill {
+            let mut spec = WorkerSpec::new(arg.url.clone(), WorkerType::Prefill);
+            spec.bootstrap_port = arg.bootstrap_port;
+            launch_workers.push((format!("--prefill {}", arg.url), spec));
+        }
+        for url in self.decode {
+            launch_workers.push((
+                format!("--decode {url}"),
+                WorkerSpec::new(url, WorkerType::Decode),
+            ));
+        }
+        for (location, spec) in &mut launch_workers {
+            spec.api_key = gateway.api_key.clone();
+            spec.max_connection_attempts = attempts;
+            validate_startup_worker(spec).map_err(|e| e.within(location))?;
+        }
+        refuse_duplicate_urls(
+            launch_workers
+                .iter()
+                .map(|(loc, spec)| (loc.as_str(), spec)),
+        )?;
+        gateway.workers = launch_workers.into_iter().map(|(_, spec)| spec).collect();
+        validate(&gateway)?;
+
+        if self.runtime_worker_threads == Some(0) {
+            return Err(ConfigError::invalid_key(
+                "runtime_worker_threads",
+                "is 0; it must be at least 1",
+            ));
+        }
+        let server_conf =
+            launch_server_conf(self.runtime_worker_threads, self.shutdown_grace_period_secs);
+        Ok(LoadedConfig {
+            server_conf,
+            gateway,
+            source: ConfigSource::Launch,
+            file_workers: Vec::new(),
+            notices,
+        })
+    }
+}
+
+/// Pingora's settings under `launch`: all CPUs unless `--runtime-worker-threads` (SMG sizes its
+/// runtime the same way), and SMG's shutdown grace period as Pingora's grace period (in-flight
+/// requests keep running; Pingora then allows its default 5 s for the runtimes to stop).
+fn launch_server_conf(threads: Option<usize>, grace_period_secs: u64) -> ServerConf {
+    let mut conf = ServerConf {
+        version: 1,
+        ..ServerConf::default()
+    };
+    conf.threads = threads
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1);
+    conf.grace_period_seconds = Some(grace_period_secs);
+    conf
+}

@@ -1,0 +1,44 @@
+//! What a SIGHUP reload may change in place. Everything in [`super::GatewayConfig`] is swapped
+//! atomically except the listeners, which Pingora binds once: changing one needs a graceful
+//! upgrade (SIGQUIT + `-u`). Pingora's own settings are read only at startup.
+
+use super::LoadedConfig;
+
+/// The settings that differ between `old` and `new` but cannot take effect without a restart
+/// (listener addresses and any Pingora top-level key), as YAML key paths. Empty: the reload can
+/// be applied in place.
+pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
+    let (a, b) = (&old.gateway, &new.gateway);
+    let mut keys = Vec::new();
+    let listeners = [
+        ("host", a.host != b.host),
+        ("port", a.port != b.port),
+        (
+            "health_check_port",
+            a.health_check_port != b.health_check_port,
+        ),
+        ("prometheus_host", a.prometheus_host != b.prometheus_host),
+        ("prometheus_port", a.prometheus_port != b.prometheus_port),
+        ("admin_host", a.admin_host != b.admin_host),
+        ("admin_port", a.admin_port != b.admin_port),
+    ];
+    keys.extend(
+        listeners
+            .iter()
+            .filter(|(_, changed)| *changed)
+            .map(|(key, _)| format!("gateway.{key}")),
+    );
+    if old.server_conf != new.server_conf {
+        let as_map = |conf| match serde_yaml::to_value(conf) {
+            Ok(serde_yaml::Value::Mapping(m)) => m,
+            _ => serde_yaml::Mapping::new(),
+        };
+        let (old_map, new_map) = (as_map(&old.server_conf), as_map(&new.server_conf));
+        for (key, value) in &old_map {
+            if new_map.get(key) != Some(value) {
+                keys.push(key.as_str().unwrap_or("<pingora setting>").to_string());
+            }
+        }
+    }
+    keys
+}
