@@ -1,0 +1,122 @@
+//! The shared state of a running gateway: settings derived once from the validated config, the
+//! worker registry, the per-leg policies and the data plane's leg client.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::config::{GatewayConfig, RetrySettings};
+use crate::legs::client::LegClient;
+use crate::workers::select::LegPolicies;
+use crate::workers::Registry;
+
+/// The data plane's view of the config: durations and caps, computed once.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub max_payload_size: usize,
+    pub body_read_timeout: Duration,
+    /// Whole request, stream included.
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub prefill_head_timeout: Duration,
+    pub decode_first_byte_timeout: Duration,
+    pub stream_idle_timeout: Duration,
+    pub api_key: Option<String>,
+    /// Without an API key, peers allowed to call mutating admin routes (default: loopback).
+    pub admin_trusted: Vec<crate::admin::auth::IpNet>,
+    /// Request-id headers, lowercase, checked in order.
+    pub request_id_headers: Vec<String>,
+    pub retry: RetrySettings,
+    pub dp_aware: bool,
+    pub pool_size: usize,
+    /// Idle lifetime of a pooled engine connection (`None`: unlimited).
+    pub pool_idle: Option<Duration>,
+}
+
+/// The backoff before attempt `k + 1` (k from 0): the config's base delay ± jitter.
+pub fn jittered_backoff(retry: &RetrySettings, k: u32) -> Duration {
+    let base = retry.base_backoff(k).as_secs_f64();
+    let spread = base * f64::from(retry.jitter_factor);
+    let jittered = base + (rand::random::<f64>() * 2.0 - 1.0) * spread;
+    Duration::from_secs_f64(jittered.max(0.0))
+}
+
+impl Settings {
+    pub fn from_config(cfg: &GatewayConfig) -> Settings {
+        let t = cfg.timeouts();
+        Settings {
+            max_payload_size: cfg.max_payload_size,
+            body_read_timeout: t.body_read,
+            request_timeout: t.request,
+            connect_timeout: t.connect,
+            prefill_head_timeout: t.prefill_head,
+            decode_first_byte_timeout: t.decode_first_byte,
+            stream_idle_timeout: t.stream_idle,
+            api_key: cfg.api_key.clone().filter(|k| !k.is_empty()),
+            admin_trusted: crate::admin::auth::IpNet::loopback(),
+            request_id_headers: cfg.request_id_header_names(),
+            retry: cfg.retry(),
+            dp_aware: cfg.dp_aware,
+            pool_size: 256,
+            pool_idle: t.upstream_pool_idle,
+        }
+    }
+}
+
+/// Bounds the `model` metric label: the first [`MAX_MODEL_LABELS`] distinct names are used as
+/// they are, later ones become `"other"`, so clients cannot mint unbounded series.
+pub struct ModelLabels {
+    seen: Mutex<Vec<Arc<str>>>,
+}
+
+pub const MAX_MODEL_LABELS: usize = 64;
+
+impl ModelLabels {
+    pub fn new() -> Self {
+        ModelLabels {
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn label(&self, model: Option<&str>) -> Arc<str> {
+        let m = model.unwrap_or("unknown");
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = seen.iter().find(|s| &***s == m) {
+            return s.clone();
+        }
+        if seen.len() >= MAX_MODEL_LABELS {
+            return Arc::from("other");
+        }
+        let s: Arc<str> = Arc::from(m);
+        seen.push(s.clone());
+        s
+    }
+}
+
+impl Default for ModelLabels {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub struct Gateway {
+    pub settings: Settings,
+    pub registry: Arc<Registry>,
+    pub policies: ArcSwap<LegPolicies>,
+    pub client: Arc<LegClient>,
+    pub model_labels: ModelLabels,
+}
+
+impl Gateway {
+    pub fn new(settings: Settings, registry: Arc<Registry>, policies: LegPolicies) -> Gateway {
+        let client = Arc::new(LegClient::new(settings.pool_size, settings.pool_idle));
+        Gateway {
+            settings,
+            registry,
+            policies: ArcSwap::from_pointee(policies),
+            client,
+            model_labels: ModelLabels::new(),
+        }
+    }
+}

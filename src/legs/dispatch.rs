@@ -1,0 +1,104 @@
+//! The attempt loop of a PD request: select a pair, run the engine's dispatch mode, and retry
+//! with a new pair (and a new rendezvous) while nothing has reached the client and the outcome
+//! is retryable. Pingora never retries a POST after connect, so retries are ours.
+
+use std::time::Instant;
+
+use pdgate_filters::errors::ErrorCode;
+use pingora::proxy::Session;
+
+use super::parallel;
+use super::request::PdRequest;
+use crate::gateway::{jittered_backoff, Gateway};
+use crate::policy::RoutingInput;
+use crate::proxy::ctx::RequestCtx;
+use crate::reply::{self, Reply};
+use crate::workers::select::select_pair;
+
+/// How one attempt ended.
+pub enum Attempt {
+    /// The response went to the client in full.
+    Answered,
+    /// The client went away; every leg was dropped.
+    ClientGone,
+    /// Nothing reached the client: answer this, or retry when allowed.
+    Refused(Reply),
+    /// The head went out but the decode failed mid-body; the client response must be cut.
+    CutShort(String),
+}
+
+/// How the whole request ended, for the proxy phase.
+pub enum Served {
+    Answered,
+    /// The connection must be closed without finishing the response.
+    Abort(String),
+}
+
+pub async fn serve(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: PdRequest,
+) -> Served {
+    let retry = &gw.settings.retry;
+    let deadline = ctx.started + gw.settings.request_timeout;
+    let model = req.facts.model.as_deref();
+    loop {
+        ctx.attempts += 1;
+        let snap = gw.registry.snapshot();
+        let policies = gw.policies.load();
+        let input = RoutingInput {
+            text: req.routing.text.as_deref(),
+            token_ids: None,
+            routing_key: req.routing.routing_key.as_deref(),
+            target_worker: req.routing.target_worker.as_deref(),
+            implicit_key: req.routing.implicit_key.as_deref(),
+            prompt_len: req.body.len(),
+        };
+        let label = ctx.model_label.clone().unwrap_or_else(|| "unknown".into());
+        let outcome = match select_pair(&snap, model, &policies, &input, &label) {
+            Err(e) => Attempt::Refused(
+                Reply::error(ErrorCode::NoAvailableWorkers, e.message()).retryable(true),
+            ),
+            Ok(pair) => {
+                ctx.pair = Some(pair.clone());
+                drop(snap);
+                parallel::attempt(gw, session, ctx, &req, &pair).await
+            }
+        };
+        match outcome {
+            Attempt::Answered => return Served::Answered,
+            Attempt::ClientGone => {
+                ctx.client_gone = true;
+                return Served::Abort("client closed the connection".into());
+            }
+            Attempt::CutShort(why) => return Served::Abort(why),
+            Attempt::Refused(reply) => {
+                let backoff = jittered_backoff(retry, ctx.attempts - 1);
+                let may_retry = reply.retryable
+                    && retry.is_retryable_status(reply.status)
+                    && ctx.attempts < retry.max_attempts
+                    && Instant::now() + backoff < deadline;
+                if may_retry {
+                    log::debug!(
+                        "request {} attempt {} refused ({}), retrying with a new pair",
+                        ctx.request_id,
+                        ctx.attempts,
+                        reply.status
+                    );
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => continue,
+                        _ = session.read_body_or_idle(true) => {
+                            ctx.client_gone = true;
+                            return Served::Abort("client closed the connection".into());
+                        }
+                    }
+                }
+                return match reply::send(session, ctx, reply).await {
+                    Ok(()) => Served::Answered,
+                    Err(e) => Served::Abort(e.to_string()),
+                };
+            }
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The sub-request module: the legs of a PD request (prefill and decode), how they are
+//! dispatched for each engine, and how the decode output is relayed back.
+//!
+//! `request` (what the legs carry) → `dispatch` (attempt loop, retries) → `parallel` (SGLang)
+//! → `prefill` (the background prefill leg) and `relay` (decode output to the client), all over
+//! `client` (pooled HTTP/1.1 on Pingora's connector).
+
+pub mod client;
+pub mod dispatch;
+pub mod parallel;
+pub mod prefill;
+pub mod relay;
+pub mod request;

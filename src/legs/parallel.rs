@@ -1,0 +1,268 @@
+//! Parallel dispatch (SGLang): one rendezvous room, both legs sent at once, the decode streamed
+//! back as soon as both heads are 2xx, the prefill drained in the background.
+//!
+//! Failure rule: the first leg that fails ends the attempt and the other leg is dropped at once
+//! (its connection closes, so its engine aborts the room instead of waiting out its timeout).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pdgate_filters::errors::{
+    decode_error, prefill_error, sse_error_event, upstream_error_message, ErrorCode,
+};
+use pdgate_filters::handoff::sglang::{self, BootstrapTarget, DpRanks, Leg, Rooms};
+use pdgate_filters::logprobs::prefill_input_logprobs;
+use pingora::proxy::Session;
+
+use super::client::{LegError, LegErrorKind, LegRequest, OpenLeg};
+use super::dispatch::Attempt;
+use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg};
+use super::relay::{relay, RelayEnd, RelayPlan};
+use super::request::PdRequest;
+use crate::gateway::Gateway;
+use crate::metrics::{BACKEND_PD, METRICS};
+use crate::proxy::ctx::RequestCtx;
+use crate::reply::{Reply, SSE};
+use crate::workers::select::Pair;
+
+/// Largest decode error body read to build the client's message.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// Fresh rooms for one attempt: one per batch item, each uniform in [0, 2^63-1].
+pub fn mint_rooms(batch: Option<usize>) -> Rooms {
+    match batch {
+        None => Rooms::Single(sglang::room_from_bits(rand::random())),
+        Some(n) => Rooms::Batch(
+            (0..n)
+                .map(|_| sglang::room_from_bits(rand::random()))
+                .collect(),
+        ),
+    }
+}
+
+/// Maps a transport failure on either leg (nothing usable came back).
+pub fn transport_refusal(leg: &str, e: &LegError) -> Reply {
+    if e.kind == LegErrorKind::Timeout {
+        return Reply::error(ErrorCode::Timeout, format!("{leg} worker timed out: {e}"))
+            .retryable(true);
+    }
+    Reply::error(
+        ErrorCode::PdRequestFailed,
+        format!("Transport error: {leg} {e}"),
+    )
+    .retryable(true)
+}
+
+pub async fn attempt(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &PdRequest,
+    pair: &Pair,
+) -> Attempt {
+    let s = &gw.settings;
+    let rooms = mint_rooms(req.facts.batch);
+    ctx.room = Some(match &rooms {
+        Rooms::Single(r) => *r,
+        Rooms::Batch(v) => v.first().copied().unwrap_or(0),
+    });
+    let target = BootstrapTarget {
+        host: &pair.prefill.address.host,
+        port: pair.prefill.spec.bootstrap_port,
+    };
+    let dp = if s.dp_aware {
+        DpRanks {
+            prefill: pair.prefill.address.dp_rank,
+            decode: pair.decode.address.dp_rank,
+        }
+    } else {
+        DpRanks {
+            prefill: None,
+            decode: None,
+        }
+    };
+    let prefill_body = Bytes::from(sglang::leg_body(
+        &req.body,
+        &req.top,
+        &target,
+        &rooms,
+        Leg::Prefill,
+        &dp,
+    ));
+    // Without DP ranks both legs carry the same bytes: one allocation, shared.
+    let decode_body = if dp.prefill.is_none() && dp.decode.is_none() {
+        prefill_body.clone()
+    } else {
+        Bytes::from(sglang::leg_body(
+            &req.body,
+            &req.top,
+            &target,
+            &rooms,
+            Leg::Decode,
+            &dp,
+        ))
+    };
+
+    let dispatched = Instant::now();
+    let labels = PdLabels::new(ctx, pair);
+    let mut prefill = PrefillLeg::spawn(PrefillJob {
+        client: gw.client.clone(),
+        worker: pair.prefill.clone(),
+        path: req.route.upstream_path(),
+        body: prefill_body,
+        headers: req.forward.clone(),
+        keep_body: req.facts.logprobs,
+        body_limit: s.max_payload_size,
+        head_timeout: s.prefill_head_timeout,
+        stall_timeout: s.stream_idle_timeout,
+        on_end: {
+            let labels = labels.clone();
+            Box::new(move |end| {
+                if let PrefillEnd::Completed { duration, status } = end {
+                    if (200..300).contains(&status) {
+                        METRICS
+                            .pd_prefill_duration
+                            .with_label_values(&labels.as_array())
+                            .observe(duration.as_secs_f64());
+                    }
+                }
+            })
+        },
+    });
+
+    let _decode_in_flight = pair.decode.track();
+    let decode_headers = req.forward.as_slice();
+    let decode_req = LegRequest {
+        method: "POST",
+        path: req.route.upstream_path(),
+        host: &pair.decode.address.authority,
+        headers: decode_headers,
+        body: decode_body,
+    };
+    // A non-streamed decode answers only when it is done, so its head may take the whole request.
+    let decode_head_timeout = if req.facts.stream {
+        s.decode_first_byte_timeout
+    } else {
+        s.request_timeout
+    };
+    let decode_open = gw
+        .client
+        .open(&pair.decode.peer, &decode_req, decode_head_timeout);
+    tokio::pin!(decode_open);
+
+    // Both heads, first failure wins.
+    let mut decode: Option<OpenLeg> = None;
+    let mut prefill_ok = false;
+    while decode.is_none() || !prefill_ok {
+        tokio::select! {
+            d = &mut decode_open, if decode.is_none() => match d {
+                Err(e) => return Attempt::Refused(transport_refusal("decode", &e)),
+                Ok(leg) if !leg.is_success() => {
+                    drop(prefill);
+                    return Attempt::Refused(decode_refusal(leg, req.facts.stream).await);
+                }
+                Ok(leg) => decode = Some(leg),
+            },
+            p = prefill.head(), if !prefill_ok => match p {
+                Err(e) => return Attempt::Refused(transport_refusal("prefill", &e)),
+                Ok(head) if !(200..300).contains(&head.status) => {
+                    return Attempt::Refused(prefill_refusal(&head));
+                }
+                Ok(_) => prefill_ok = true,
+            },
+            _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
+        }
+    }
+    let decode = decode.expect("loop ends only with the decode head");
+
+    // Logprobs: the prompt rows come from the prefill body, so wait for it.
+    let merge_source = if req.facts.logprobs {
+        let body = tokio::select! {
+            b = prefill.body() => b.ok(),
+            _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
+        };
+        Some(body.and_then(|b| prefill_input_logprobs(&b, is_sse(&b))))
+    } else {
+        None
+    };
+    prefill.detach();
+
+    let plan = RelayPlan {
+        streaming: req.facts.stream,
+        logprobs: merge_source.as_ref().map(|o| o.as_ref()),
+        dispatched,
+        decode_url: pair.decode.url(),
+        body_limit: s.max_payload_size,
+        stall_timeout: s.stream_idle_timeout,
+    };
+    let (end, reusable) = relay(session, ctx, decode, plan).await;
+    if let Some(ttft) = ctx.ttft {
+        METRICS
+            .pd_ttft
+            .with_label_values(&labels.as_array())
+            .observe(ttft.as_secs_f64());
+    }
+    if let Some(leg) = reusable {
+        gw.client.release(leg, &pair.decode.peer).await;
+    }
+    match end {
+        RelayEnd::Complete => Attempt::Answered,
+        RelayEnd::ClientGone => Attempt::ClientGone,
+        RelayEnd::CutShort(why) => Attempt::CutShort(why),
+    }
+}
+
+fn is_sse(body: &[u8]) -> bool {
+    let trimmed = body
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(0);
+    body[trimmed..].starts_with(b"data:") || body[trimmed..].starts_with(b":")
+}
+
+/// A decode that answered non-2xx: its status with SMG's code (non-streaming), or one SSE error
+/// event carrying its body (streaming).
+async fn decode_refusal(mut leg: OpenLeg, streaming: bool) -> Reply {
+    let status = leg.status();
+    leg.set_read_timeout(Some(Duration::from_secs(5)));
+    let body = leg.read_to_end(ERROR_BODY_LIMIT).await.unwrap_or_default();
+    if streaming {
+        return Reply::body(status, SSE, sse_error_event(status, &body)).retryable(true);
+    }
+    let (status, code) = decode_error(status);
+    Reply::error_with_status(status, code, upstream_error_message(&body)).retryable(true)
+}
+
+fn prefill_refusal(head: &PrefillHead) -> Reply {
+    let (status, code) = prefill_error(head.status);
+    let msg = format!(
+        "Prefill server error ({}): {}",
+        head.status,
+        String::from_utf8_lossy(&head.error_body)
+    );
+    Reply::error_with_status(status, code, msg).retryable(true)
+}
+
+/// Labels of the `smg_pd_*` histograms.
+#[derive(Clone)]
+pub struct PdLabels {
+    model: Arc<str>,
+    runtime: &'static str,
+}
+
+impl PdLabels {
+    pub fn new(ctx: &RequestCtx, pair: &Pair) -> PdLabels {
+        PdLabels {
+            model: ctx
+                .model_label
+                .clone()
+                .unwrap_or_else(|| Arc::from("unknown")),
+            runtime: pair.prefill.runtime.as_str(),
+        }
+    }
+
+    pub fn as_array(&self) -> [&str; 3] {
+        [BACKEND_PD, &self.model, self.runtime]
+    }
+}

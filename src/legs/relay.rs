@@ -1,0 +1,221 @@
+//! Relaying the decode leg back to the client: chunk by chunk as it arrives (SSE with chunked
+//! framing), or the engine's JSON as sent, with the prefill's prompt logprobs merged in front
+//! when the client asked for logprobs. Watches for the client hanging up the whole time.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use pdgate_filters::logprobs::{merge_event, merge_json, PrefillLogprobs};
+use pdgate_filters::sse::{DoneDetector, SseSplitter};
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+use super::client::OpenLeg;
+use crate::proxy::ctx::RequestCtx;
+use crate::reply::{self, Reply, JSON, SSE};
+
+/// Headers never copied from an engine response to the client.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "x-request-id",
+    "x-smg-routed-worker-id",
+];
+
+/// After `data: [DONE]`, how long we wait for the engine to end its body before we end the
+/// client's response ourselves.
+const AFTER_DONE_GRACE: Duration = Duration::from_secs(2);
+
+/// How a relay ended.
+pub enum RelayEnd {
+    /// The whole response went to the client.
+    Complete,
+    /// The client went away; the decode leg was dropped.
+    ClientGone,
+    /// The decode leg failed after the head went out; the client response was cut.
+    CutShort(String),
+}
+
+pub struct RelayPlan<'a> {
+    pub streaming: bool,
+    /// `Some` when the client asked for logprobs (the value: the prefill's, if it had any).
+    pub logprobs: Option<Option<&'a PrefillLogprobs>>,
+    /// When the prefill was dispatched (TTFT origin).
+    pub dispatched: Instant,
+    pub decode_url: &'a str,
+    pub body_limit: usize,
+    pub stall_timeout: Duration,
+}
+
+/// The client-facing head built from the decode's: its status and headers minus hop-by-hop
+/// ones; SSE gets `text/event-stream` and chunked framing (H1 flushes every chunk then).
+fn client_head(
+    decode: Option<&ResponseHeader>,
+    status: u16,
+    streaming: bool,
+    ctx: &RequestCtx,
+    decode_url: &str,
+) -> pingora::Result<ResponseHeader> {
+    let mut h = ResponseHeader::build(status, Some(8))?;
+    let mut has_length = false;
+    if let Some(d) = decode {
+        for (name, value) in d.headers.iter() {
+            let n = name.as_str();
+            if HOP_BY_HOP.contains(&n)
+                || (streaming && (n == "content-length" || n == "content-type"))
+            {
+                continue;
+            }
+            has_length |= n == "content-length";
+            h.append_header(name.clone(), value.clone())?;
+        }
+    }
+    if streaming {
+        h.insert_header("content-type", SSE)?;
+        h.insert_header("cache-control", "no-cache")?;
+    }
+    if streaming || !has_length {
+        h.insert_header("transfer-encoding", "chunked")?;
+    }
+    h.insert_header("x-smg-routed-worker-id", decode_url)?;
+    h.insert_header("x-request-id", ctx.request_id.as_str())?;
+    Ok(h)
+}
+
+/// Streams (or merges and sends) the decode response. The head goes out here; from then on the
+/// request can no longer be retried.
+pub async fn relay(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    mut leg: OpenLeg,
+    plan: RelayPlan<'_>,
+) -> (RelayEnd, Option<OpenLeg>) {
+    leg.set_read_timeout(Some(plan.stall_timeout));
+    let status = leg.status();
+    if let (Some(lp), false) = (plan.logprobs, plan.streaming) {
+        return relay_merged_json(session, ctx, leg, lp, &plan, status).await;
+    }
+    let head = match client_head(leg.head(), status, plan.streaming, ctx, plan.decode_url) {
+        Ok(h) => h,
+        Err(e) => return (RelayEnd::CutShort(e.to_string()), None),
+    };
+    ctx.status = status;
+    ctx.response_started = true;
+    if session
+        .write_response_header(Box::new(head), false)
+        .await
+        .is_err()
+    {
+        return (RelayEnd::ClientGone, None);
+    }
+    let merge = match plan.logprobs {
+        Some(Some(lp)) if plan.streaming => Some((lp, SseSplitter::new())),
+        _ => None,
+    };
+    let mut merge = merge;
+    let mut done = plan.streaming.then(DoneDetector::new);
+    let mut saw_done = false;
+    loop {
+        let next = tokio::select! {
+            c = leg.next_chunk() => c,
+            _ = session.read_body_or_idle(true) => {
+                return (RelayEnd::ClientGone, None);
+            }
+        };
+        let chunk = match next {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(_) if saw_done => break,
+            Err(e) => {
+                return (RelayEnd::CutShort(e.to_string()), None);
+            }
+        };
+        if let Some(d) = done.as_mut() {
+            if !saw_done && d.feed(&chunk) {
+                saw_done = true;
+                leg.set_read_timeout(Some(AFTER_DONE_GRACE));
+            }
+        }
+        let out = match merge.as_mut() {
+            Some((lp, splitter)) => merge_chunk(splitter, &chunk, lp),
+            None => chunk,
+        };
+        if out.is_empty() {
+            continue;
+        }
+        if ctx.ttft.is_none() {
+            ctx.ttft = Some(plan.dispatched.elapsed());
+        }
+        if session.write_response_body(Some(out), false).await.is_err() {
+            return (RelayEnd::ClientGone, None);
+        }
+    }
+    if let Some((_, splitter)) = merge.as_mut() {
+        if let Some(rest) = splitter.finish() {
+            if session
+                .write_response_body(Some(Bytes::from(rest)), false)
+                .await
+                .is_err()
+            {
+                return (RelayEnd::ClientGone, None);
+            }
+        }
+    }
+    if session.write_response_body(None, true).await.is_err() {
+        return (RelayEnd::ClientGone, None);
+    }
+    let reusable = leg.is_done();
+    (RelayEnd::Complete, reusable.then_some(leg))
+}
+
+/// Splits SSE events out of a decode chunk and merges the prefill logprobs into each.
+fn merge_chunk(splitter: &mut SseSplitter, chunk: &[u8], lp: &PrefillLogprobs) -> Bytes {
+    let mut events = Vec::new();
+    splitter.push(chunk, &mut events);
+    let mut out = BytesMut::new();
+    for ev in events {
+        match merge_event(&ev, lp) {
+            Some(merged) => out.extend_from_slice(&merged),
+            None => out.extend_from_slice(&ev),
+        }
+    }
+    out.freeze()
+}
+
+/// Non-streaming with logprobs: the gateway builds the body (merged, or the decode body as is
+/// when the prefill had nothing to merge) and sends it as `application/json`.
+async fn relay_merged_json(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    mut leg: OpenLeg,
+    lp: Option<&PrefillLogprobs>,
+    plan: &RelayPlan<'_>,
+    status: u16,
+) -> (RelayEnd, Option<OpenLeg>) {
+    let body = tokio::select! {
+        b = leg.read_to_end(plan.body_limit) => b,
+        _ = session.read_body_or_idle(true) => return (RelayEnd::ClientGone, None),
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return (RelayEnd::CutShort(e.to_string()), None),
+    };
+    let merged = lp.and_then(|lp| merge_json(&body, lp)).map(Bytes::from);
+    let out = merged.unwrap_or(body);
+    let reply =
+        Reply::body(status, JSON, out).with_header("x-smg-routed-worker-id", plan.decode_url);
+    if ctx.ttft.is_none() {
+        ctx.ttft = Some(plan.dispatched.elapsed());
+    }
+    match reply::send(session, ctx, reply).await {
+        Ok(()) => (RelayEnd::Complete, Some(leg)),
+        Err(_) => (RelayEnd::ClientGone, None),
+    }
+}

@@ -1,0 +1,16 @@
+//! pdgate: a prefill/decode disaggregation gateway for LLM inference, built on Pingora.
+//!
+//! The request path runs one way: parse → select → plan legs → dispatch → relay → account.
+//! See `docs/architecture.md` for where each fact lives.
+
+pub mod admin;
+pub mod config;
+pub mod demo;
+pub mod gateway;
+pub mod legs;
+pub mod metrics;
+pub mod policy;
+pub mod proxy;
+pub mod reply;
+pub mod server;
+pub mod workers;

@@ -1,0 +1,128 @@
+//! The `pdgate` command. Every way of starting builds one validated config:
+//!
+//! * `pdgate run -c conf/pdgate.yaml` — from the YAML file (Pingora's keys + a `gateway:` section);
+//! * `pdgate launch --pd-disaggregation --prefill URL [PORT|none] --decode URL ...` — SMG's flags;
+//! * `pdgate check -c FILE` — validate a config and exit (non-zero with the reason when wrong);
+//! * `pdgate demo` — start mock engines and the gateway on loopback and show a PD handoff.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use pdgate::config::{self, LaunchArgs, LoadedConfig};
+use pingora::server::configuration::Opt;
+
+#[derive(Parser)]
+#[command(
+    name = "pdgate",
+    version,
+    about = "Prefill/decode disaggregation gateway on Pingora"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Pingora process flags shared by `run` and `launch`.
+#[derive(clap::Args, Clone, Debug, Default)]
+struct ProcessFlags {
+    /// Take over the listeners of a running pdgate (graceful upgrade; send it SIGQUIT).
+    #[arg(short = 'u', long)]
+    upgrade: bool,
+    /// Run in the background.
+    #[arg(short = 'd', long)]
+    daemon: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway from a YAML config.
+    Run {
+        #[arg(short = 'c', long = "conf", value_name = "FILE")]
+        conf: PathBuf,
+        #[command(flatten)]
+        process: ProcessFlags,
+    },
+    /// Run the gateway from SMG-compatible `launch` flags.
+    Launch {
+        #[command(flatten)]
+        args: Box<LaunchArgs>,
+        #[command(flatten)]
+        process: ProcessFlags,
+    },
+    /// Validate a YAML config and exit.
+    Check {
+        #[arg(short = 'c', long = "conf", value_name = "FILE")]
+        conf: PathBuf,
+    },
+    /// Start mock engines and the gateway on loopback and show a PD handoff.
+    Demo(pdgate::demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let argv = config::normalize_launch_argv(std::env::args().collect());
+    let cli = Cli::parse_from(argv);
+    match cli.command {
+        Command::Check { conf } => match config::load_file(&conf) {
+            Ok(loaded) => {
+                for notice in &loaded.notices {
+                    eprintln!("note: {notice}");
+                }
+                println!("{}: ok", conf.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{}: {e}", conf.display());
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run { conf, process } => match config::load_file(&conf) {
+            Ok(loaded) => serve(loaded, process),
+            Err(e) => {
+                eprintln!("{}: {e}", conf.display());
+                ExitCode::FAILURE
+            }
+        },
+        Command::Launch { args, process } => match args.into_config() {
+            Ok(loaded) => serve(loaded, process),
+            Err(e) => {
+                eprintln!("pdgate launch: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Demo(args) => pdgate::demo::run(args),
+    }
+}
+
+fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
+    init_logging(&loaded);
+    for notice in &loaded.notices {
+        log::warn!("{notice}");
+    }
+    let opt = Opt {
+        upgrade: process.upgrade,
+        daemon: process.daemon,
+        nocapture: false,
+        test: false,
+        conf: None,
+    };
+    match pdgate::server::build(loaded, opt) {
+        Ok(server) => server.run_forever(),
+        Err(e) => {
+            eprintln!("pdgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `RUST_LOG` wins (e.g. `RUST_LOG=pdgate=info,pdgate::legs=debug`); otherwise the config's
+/// `log_level`.
+fn init_logging(loaded: &LoadedConfig) {
+    let mut builder = env_logger::Builder::new();
+    builder.filter_level(loaded.gateway.log_filter());
+    if let Ok(spec) = std::env::var("RUST_LOG") {
+        builder.parse_filters(&spec);
+    }
+    builder.format_timestamp_millis();
+    let _ = builder.try_init();
+}

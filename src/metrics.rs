@@ -1,0 +1,171 @@
+//! Every metric pdgate exports, in one place. Names and labels are SMG's (spec "Monitoring"),
+//! so dashboards and PromQL written for SMG work unchanged.
+//!
+//! Label values that come from clients are bounded: `model` is a registered model id or
+//! `"other"` (see [`model_label`]), so a client cannot mint unbounded series.
+
+use std::sync::LazyLock;
+
+use pingora_prometheus::prometheus::{
+    self, register_histogram_vec, register_int_counter, register_int_counter_vec,
+    register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec,
+};
+
+/// Buckets for every `*_duration_seconds` and `*_ttft_seconds` histogram: from a millisecond
+/// TTFT to hour-long streams (SMG's defaults).
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0,
+    90.0, 120.0, 180.0, 240.0, 300.0, 480.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0, 5400.0, 7200.0,
+];
+
+/// `backend_type` label value of the PD series.
+pub const BACKEND_PD: &str = "pd";
+/// `router_type` / `connection_mode` label value of this gateway's HTTP path.
+pub const HTTP: &str = "http";
+
+pub struct Metrics {
+    pub router_requests: IntCounterVec,
+    pub router_request_duration: HistogramVec,
+    pub router_request_errors: IntCounterVec,
+    pub pd_ttft: HistogramVec,
+    pub pd_prefill_duration: HistogramVec,
+    pub pd_kv_transfer_duration: HistogramVec,
+    pub pd_kv_connector_mode: IntCounterVec,
+    pub pd_kv_transfer_failures: IntCounter,
+    pub pd_bootstrap_failures: IntCounter,
+    pub pd_admission_waits: IntCounter,
+    pub pd_admission_sheds: IntCounter,
+    pub worker_selection: IntCounterVec,
+    pub worker_requests_active: IntGaugeVec,
+    pub worker_health: IntGaugeVec,
+    pub http_responses: IntCounterVec,
+}
+
+fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    register_histogram_vec!(name, help, labels, DURATION_BUCKETS.to_vec())
+        .expect("metric names are unique and valid")
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register_int_counter_vec!(name, help, labels).expect("metric names are unique and valid")
+}
+
+fn counter(name: &str, help: &str) -> IntCounter {
+    register_int_counter!(name, help).expect("metric names are unique and valid")
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register_int_gauge_vec!(name, help, labels).expect("metric names are unique and valid")
+}
+
+const PD_LABELS: &[&str] = &["backend_type", "model", "runtime"];
+const ROUTER_LABELS: &[&str] = &[
+    "router_type",
+    "backend_type",
+    "connection_mode",
+    "model",
+    "endpoint",
+];
+
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    Metrics {
+    router_requests: counter_vec(
+        "smg_router_requests_total",
+        "Requests received by the router",
+        &[
+            "router_type",
+            "backend_type",
+            "connection_mode",
+            "model",
+            "endpoint",
+            "streaming",
+        ],
+    ),
+    router_request_duration: histogram(
+        "smg_router_request_duration_seconds",
+        "Duration of successful requests, from arrival to the end of the response",
+        ROUTER_LABELS,
+    ),
+    router_request_errors: counter_vec(
+        "smg_router_request_errors_total",
+        "Requests that ended with a non-retryable error",
+        &[
+            "router_type",
+            "backend_type",
+            "connection_mode",
+            "model",
+            "endpoint",
+            "error_type",
+        ],
+    ),
+    pd_ttft: histogram(
+        "smg_pd_ttft_seconds",
+        "PD time to first token: prefill dispatch to the first decode output the client receives",
+        PD_LABELS,
+    ),
+    pd_prefill_duration: histogram(
+        "smg_pd_prefill_duration_seconds",
+        "Prefill-leg duration",
+        PD_LABELS,
+    ),
+    pd_kv_transfer_duration: histogram(
+        "smg_pd_kv_transfer_duration_seconds",
+        "Prefill completion to decode dispatch",
+        PD_LABELS,
+    ),
+    pd_kv_connector_mode: counter_vec(
+        "smg_pd_kv_connector_mode_total",
+        "vLLM PD dispatches by KV connector mode",
+        &["mode"],
+    ),
+    pd_kv_transfer_failures: counter(
+        "smg_pd_kv_transfer_failures_total",
+        "KV handoffs that failed: a NIXL prefill returned no kv_transfer_params, or a MoRI-IO check failed",
+    ),
+    pd_bootstrap_failures: counter(
+        "smg_pd_bootstrap_failures_total",
+        "HTTP bootstrap injection failures",
+    ),
+    pd_admission_waits: counter(
+        "smg_pd_admission_waits_total",
+        "gRPC dispatches admitted after waiting for a decode slot (always 0 over HTTP)",
+    ),
+    pd_admission_sheds: counter(
+        "smg_pd_admission_sheds_total",
+        "gRPC dispatches shed at the decode admission window (always 0 over HTTP)",
+    ),
+    worker_selection: counter_vec(
+        "smg_worker_selection_total",
+        "Worker picks per leg",
+        &["worker_type", "connection_mode", "model", "policy"],
+    ),
+    worker_requests_active: gauge_vec(
+        "smg_worker_requests_active",
+        "In-flight requests per worker",
+        &["worker"],
+    ),
+    worker_health: gauge_vec(
+        "smg_worker_health",
+        "Worker health (1 ready, 0 not)",
+        &["worker"],
+    ),
+    http_responses: counter_vec(
+        "smg_http_responses_total",
+        "Responses by path, status and gateway error code",
+        &["path", "status_code", "error_code"],
+    ),
+}
+});
+
+/// Forces registration so every series family exists from the first scrape.
+pub fn init() {
+    LazyLock::force(&METRICS);
+}
+
+/// Text exposition of the default registry (what `/metrics` serves).
+pub fn render() -> Vec<u8> {
+    use prometheus::Encoder;
+    let mut out = Vec::with_capacity(16 * 1024);
+    let _ = prometheus::TextEncoder::new().encode(&prometheus::gather(), &mut out);
+    out
+}

@@ -1,0 +1,68 @@
+//! `RequestCtx`: what the phases of one request share. Filled in one direction — route and id
+//! in `request_filter`, pair and room by the legs, outcome by whoever answered — and read once
+//! by `logging`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::workers::select::Pair;
+use crate::workers::{InFlight, Worker};
+
+use super::routes::Endpoint;
+
+pub struct RequestCtx {
+    pub started: Instant,
+    pub endpoint: Option<Endpoint>,
+    /// The request id every response carries (the client's, or one we generated).
+    pub request_id: String,
+    /// Final status sent to the client (0 until one was sent).
+    pub status: u16,
+    /// The gateway error code, when the answer was one of ours.
+    pub error_code: Option<&'static str>,
+    pub model_label: Option<Arc<str>>,
+    pub streaming: bool,
+    /// The pair of the last attempt.
+    pub pair: Option<Pair>,
+    /// The (first) bootstrap room of the last attempt.
+    pub room: Option<u64>,
+    /// Attempts made (1 = no retry).
+    pub attempts: u32,
+    /// Prefill dispatch → first decode byte written to the client.
+    pub ttft: Option<Duration>,
+    /// Whether a response head went to the client (after that, no retry and no error reply).
+    pub response_started: bool,
+    /// The client went away before the response ended.
+    pub client_gone: bool,
+    /// Single-leg routes proxied by Pingora itself (e.g. count_tokens): the chosen worker.
+    pub single_leg: Option<(Arc<Worker>, InFlight)>,
+    /// Request body bytes seen on the single-leg path (payload cap).
+    pub single_leg_body_bytes: usize,
+}
+
+impl RequestCtx {
+    pub fn new() -> RequestCtx {
+        RequestCtx {
+            started: Instant::now(),
+            endpoint: None,
+            request_id: String::new(),
+            status: 0,
+            error_code: None,
+            model_label: None,
+            streaming: false,
+            pair: None,
+            room: None,
+            attempts: 0,
+            ttft: None,
+            response_started: false,
+            client_gone: false,
+            single_leg: None,
+            single_leg_body_bytes: 0,
+        }
+    }
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,274 @@
+//! `request_filter`: the front door. Resolves the route, authenticates, answers local endpoints,
+//! and for PD routes reads and parses the body once and hands it to the legs. Returns
+//! `Ok(true)` when the response was written here (everything but single-leg proxying).
+
+use std::sync::Arc;
+
+use pdgate_filters::errors::ErrorCode;
+use pdgate_filters::{classify, scan_object, Route};
+use pingora::proxy::Session;
+use pingora::{Error, ErrorType};
+
+use super::body::read_body;
+use super::ctx::RequestCtx;
+use super::routes::{self, Endpoint, RouteRefusal};
+use crate::admin;
+use crate::gateway::Gateway;
+use crate::legs::dispatch::{self, Served};
+use crate::legs::request::{ForwardHeaders, PdRequest, RoutingKeys};
+use crate::reply::{self, Reply};
+use crate::workers::select::is_available;
+
+pub async fn run(
+    gw: &Arc<Gateway>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<bool> {
+    let method = session.req_header().method.clone();
+    let path = session.req_header().uri.path().to_string();
+    let endpoint = routes::resolve(&method, &path);
+    ctx.request_id = request_id(gw, session, endpoint.as_ref().ok());
+
+    let endpoint = match endpoint {
+        Ok(e) => e,
+        Err(refusal) => {
+            refuse_unread(session);
+            let reply = match refusal {
+                RouteRefusal::NotFound => {
+                    Reply::error(ErrorCode::NotFound, format!("no route for {method} {path}"))
+                }
+                RouteRefusal::MethodNotAllowed(allow) => Reply::error(
+                    ErrorCode::MethodNotAllowed,
+                    format!("{method} is not allowed on {path} (allowed: {allow})"),
+                )
+                .with_header("allow", allow),
+            };
+            reply::send(session, ctx, reply).await?;
+            return Ok(true);
+        }
+    };
+    ctx.endpoint = Some(endpoint.clone());
+
+    if endpoint.needs_api_key() && !admin::auth::has_api_key(&gw.settings, session) {
+        refuse_unread(session);
+        reply::send(
+            session,
+            ctx,
+            Reply::error(ErrorCode::Unauthorized, "missing or invalid API key")
+                .with_header("www-authenticate", "Bearer"),
+        )
+        .await?;
+        return Ok(true);
+    }
+
+    match endpoint {
+        Endpoint::Health | Endpoint::Liveness => {
+            reply::send(session, ctx, Reply::text(200, "OK")).await?;
+            Ok(true)
+        }
+        Endpoint::Readiness => {
+            reply::send(session, ctx, admin::readiness(gw)).await?;
+            Ok(true)
+        }
+        Endpoint::NotInPd => {
+            refuse_unread(session);
+            reply::send(
+                session,
+                ctx,
+                Reply::error(
+                    ErrorCode::NotImplemented,
+                    format!("{path} is not supported in PD disaggregation mode"),
+                ),
+            )
+            .await?;
+            Ok(true)
+        }
+        Endpoint::Workers | Endpoint::Worker(_) => {
+            let reply = admin::workers::handle(gw, session, &endpoint).await;
+            reply::send(session, ctx, reply).await?;
+            Ok(true)
+        }
+        Endpoint::CountTokens => count_tokens(gw, session, ctx).await,
+        Endpoint::Pd(route) => serve_pd(gw, session, ctx, route).await,
+    }
+}
+
+/// A refusal sent without reading the request body: the unread bytes make the connection
+/// unusable for another request.
+fn refuse_unread(session: &mut Session) {
+    let h = &session.req_header().headers;
+    let has_body = h.contains_key(http::header::TRANSFER_ENCODING)
+        || h.get(http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    if has_body {
+        session.set_keepalive(None);
+    }
+}
+
+async fn serve_pd(
+    gw: &Arc<Gateway>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: Route,
+) -> pingora::Result<bool> {
+    let body = match read_body(
+        session,
+        gw.settings.max_payload_size,
+        gw.settings.body_read_timeout,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(refusal) => {
+            reply::send(session, ctx, refusal.reply).await?;
+            return Ok(true);
+        }
+    };
+    let top = match scan_object(&body) {
+        Ok(t) => t,
+        Err(e) => {
+            reply::send(
+                session,
+                ctx,
+                Reply::error(ErrorCode::JsonParseError, e.to_string()),
+            )
+            .await?;
+            return Ok(true);
+        }
+    };
+    let facts = match classify(route, &body, &top) {
+        Ok(f) => f,
+        Err(e) => {
+            reply::send(
+                session,
+                ctx,
+                Reply::error(ErrorCode::InvalidRequest, e.to_string()),
+            )
+            .await?;
+            return Ok(true);
+        }
+    };
+    ctx.streaming = facts.stream;
+    ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref()));
+    let routing = routing_keys(session);
+    let forward = ForwardHeaders::from_client(session.req_header(), &ctx.request_id);
+    let req = PdRequest {
+        route,
+        body,
+        top,
+        facts,
+        forward,
+        routing,
+    };
+    match dispatch::serve(gw, session, ctx, req).await {
+        Served::Answered => Ok(true),
+        Served::Abort(why) => Err(Error::explain(ErrorType::ConnectionClosed, why)),
+    }
+}
+
+/// `/v1/messages/count_tokens`: one available prefill worker, proxied by Pingora itself
+/// (`upstream_peer`), so the body streams through without being buffered here.
+async fn count_tokens(
+    gw: &Arc<Gateway>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<bool> {
+    let declared = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|l| l > gw.settings.max_payload_size) {
+        refuse_unread(session);
+        reply::send(
+            session,
+            ctx,
+            Reply::error(
+                ErrorCode::PayloadTooLarge,
+                "request body exceeds max_payload_size",
+            ),
+        )
+        .await?;
+        return Ok(true);
+    }
+    let snap = gw.registry.snapshot();
+    let available: Vec<_> = snap.prefills.iter().filter(|w| is_available(w)).collect();
+    let chosen = if available.is_empty() {
+        None
+    } else {
+        let idx = rand::random::<usize>() % available.len();
+        Some(available[idx].clone())
+    };
+    match chosen {
+        Some(w) => {
+            let guard = w.track();
+            ctx.single_leg = Some((w.clone(), guard));
+            Ok(false)
+        }
+        None => {
+            refuse_unread(session);
+            reply::send(
+                session,
+                ctx,
+                Reply::error(
+                    ErrorCode::NoAvailableWorkers,
+                    "No available prefill workers (all circuits open or unhealthy)",
+                ),
+            )
+            .await?;
+            Ok(true)
+        }
+    }
+}
+
+fn header_str<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
+    session
+        .req_header()
+        .headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+}
+
+fn routing_keys(session: &Session) -> RoutingKeys {
+    RoutingKeys {
+        routing_key: header_str(session, "x-smg-routing-key")
+            .filter(|k| k.len() <= 128)
+            .map(str::to_string),
+        target_worker: header_str(session, "x-smg-target-worker").map(str::to_string),
+        implicit_key: header_str(session, "authorization")
+            .or_else(|| header_str(session, "x-forwarded-for"))
+            .or_else(|| header_str(session, "cookie"))
+            .map(str::to_string),
+        text: None,
+    }
+}
+
+/// The request id: the first configured request-id header the client sent, else a new id with
+/// the route's prefix (`chatcmpl-`, `cmpl-`, `gnt-`, `resp-`, `msg_`, `req-`) and 24 alphanumerics.
+fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> String {
+    for name in &gw.settings.request_id_headers {
+        if let Some(v) = header_str(session, name) {
+            if v.len() <= 256 && v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+                return v.to_string();
+            }
+        }
+    }
+    let prefix = match endpoint {
+        Some(Endpoint::Pd(Route::ChatCompletions)) => "chatcmpl-",
+        Some(Endpoint::Pd(Route::Completions)) => "cmpl-",
+        Some(Endpoint::Pd(Route::Generate)) => "gnt-",
+        Some(Endpoint::Pd(Route::Responses)) => "resp-",
+        Some(Endpoint::Pd(Route::Messages)) | Some(Endpoint::CountTokens) => "msg_",
+        _ => "req-",
+    };
+    const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut id = String::with_capacity(prefix.len() + 24);
+    id.push_str(prefix);
+    let mut rng = rand::thread_rng();
+    for _ in 0..24 {
+        id.push(ALNUM[rand::Rng::gen_range(&mut rng, 0..ALNUM.len())] as char);
+    }
+    id
+}

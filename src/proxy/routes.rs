@@ -1,0 +1,144 @@
+//! The route table of the data port: which endpoint a method + path is, before anything else
+//! happens. Unknown paths are 404, a known path with the wrong method 405 — both answered by us,
+//! never forwarded.
+
+use http::Method;
+use pdgate_filters::Route;
+
+/// What a request is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A generation route served by a prefill/decode pair.
+    Pd(Route),
+    /// `/v1/messages/count_tokens`: one prefill worker, no decode leg, no bootstrap fields.
+    CountTokens,
+    /// `/v1/embeddings`, `/v1/classify`: not served in PD mode (501).
+    NotInPd,
+    Health,
+    Liveness,
+    Readiness,
+    /// `/workers` (list; register).
+    Workers,
+    /// `/workers/{id}`.
+    Worker(String),
+}
+
+impl Endpoint {
+    /// The `path` label of HTTP-level metrics: the route template, never the raw path.
+    pub fn metric_path(&self) -> &'static str {
+        match self {
+            Endpoint::Pd(r) => r.upstream_path(),
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::NotInPd => "unsupported",
+            Endpoint::Health => "/health",
+            Endpoint::Liveness => "/liveness",
+            Endpoint::Readiness => "/readiness",
+            Endpoint::Workers => "/workers",
+            Endpoint::Worker(_) => "/workers/{id}",
+        }
+    }
+
+    /// Routes that need the API key when one is configured (serving and worker API).
+    pub fn needs_api_key(&self) -> bool {
+        matches!(
+            self,
+            Endpoint::Pd(_) | Endpoint::CountTokens | Endpoint::Workers | Endpoint::Worker(_)
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteRefusal {
+    NotFound,
+    /// The path exists; these methods are allowed.
+    MethodNotAllowed(&'static str),
+}
+
+pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, RouteRefusal> {
+    let get_only = |e: Endpoint| {
+        if method == Method::GET || method == Method::HEAD {
+            Ok(e)
+        } else {
+            Err(RouteRefusal::MethodNotAllowed("GET, HEAD"))
+        }
+    };
+    let post_only = |e: Endpoint| {
+        if method == Method::POST {
+            Ok(e)
+        } else {
+            Err(RouteRefusal::MethodNotAllowed("POST"))
+        }
+    };
+    match path {
+        "/health" => get_only(Endpoint::Health),
+        "/liveness" => get_only(Endpoint::Liveness),
+        "/readiness" => get_only(Endpoint::Readiness),
+        "/v1/embeddings" | "/v1/classify" => post_only(Endpoint::NotInPd),
+        "/workers" => {
+            if method == Method::GET || method == Method::POST {
+                Ok(Endpoint::Workers)
+            } else {
+                Err(RouteRefusal::MethodNotAllowed("GET, POST"))
+            }
+        }
+        _ => {
+            if let Some(id) = path.strip_prefix("/workers/") {
+                if id.is_empty() || id.contains('/') {
+                    return Err(RouteRefusal::NotFound);
+                }
+                return if [Method::GET, Method::DELETE, Method::PATCH, Method::PUT].contains(method)
+                {
+                    Ok(Endpoint::Worker(id.to_string()))
+                } else {
+                    Err(RouteRefusal::MethodNotAllowed("GET, PUT, PATCH, DELETE"))
+                };
+            }
+            match Route::from_path(path) {
+                Some(Route::CountTokens) => post_only(Endpoint::CountTokens),
+                Some(r) => post_only(Endpoint::Pd(r)),
+                None => Err(RouteRefusal::NotFound),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_routes_are_post_only() {
+        assert_eq!(
+            resolve(&Method::POST, "/v1/chat/completions"),
+            Ok(Endpoint::Pd(Route::ChatCompletions))
+        );
+        assert_eq!(
+            resolve(&Method::GET, "/v1/chat/completions"),
+            Err(RouteRefusal::MethodNotAllowed("POST"))
+        );
+        assert_eq!(
+            resolve(&Method::POST, "/rerank"),
+            Ok(Endpoint::Pd(Route::Rerank))
+        );
+    }
+
+    #[test]
+    fn unknown_paths_are_not_found() {
+        assert_eq!(
+            resolve(&Method::POST, "/v1/chat"),
+            Err(RouteRefusal::NotFound)
+        );
+        assert_eq!(
+            resolve(&Method::GET, "/workers/a/b"),
+            Err(RouteRefusal::NotFound)
+        );
+    }
+
+    #[test]
+    fn embeddings_are_refused_in_pd_mode() {
+        assert_eq!(
+            resolve(&Method::POST, "/v1/embeddings"),
+            Ok(Endpoint::NotInPd)
+        );
+    }
+}

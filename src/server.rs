@@ -1,0 +1,78 @@
+//! Assembling a running gateway from one validated [`LoadedConfig`]: the Pingora server, the
+//! data-plane proxy service, the Prometheus listener, and the background services (health).
+//!
+//! Nothing here starts threads or runtimes: Pingora may daemonize in `run_forever`, so all
+//! runtime work happens inside services.
+
+use std::sync::Arc;
+
+use pingora::server::configuration::Opt;
+use pingora::server::Server;
+use pingora::services::background::background_service;
+
+use crate::config::LoadedConfig;
+use crate::gateway::{Gateway, Settings};
+use crate::proxy::PdGateway;
+use crate::workers::health::HealthChecker;
+use crate::workers::intake;
+use crate::workers::select::LegPolicies;
+use crate::workers::Registry;
+
+/// Why the server could not be built (shown to the operator, exit code 1).
+#[derive(Debug)]
+pub struct BuildError(pub String);
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Builds (but does not run) the server.
+pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
+    crate::metrics::init();
+    let LoadedConfig {
+        server_conf,
+        gateway: cfg,
+        ..
+    } = loaded;
+    let settings = Settings::from_config(&cfg);
+    let registry = Arc::new(Registry::new());
+    let health = cfg.health();
+    for spec in &cfg.workers {
+        let worker = intake::startup_worker(spec, health.enabled)
+            .map_err(|e| BuildError(format!("worker {}: {e}", spec.url)))?;
+        registry
+            .add(worker)
+            .map_err(|_| BuildError(format!("worker {} is listed twice", spec.url)))?;
+    }
+    let policies = LegPolicies::from_config(&cfg).map_err(BuildError)?;
+    for w in &registry.snapshot().all {
+        policies.worker_added(w);
+    }
+    let gw = Arc::new(Gateway::new(settings, registry.clone(), policies));
+
+    let mut server = Server::new_with_opt_and_conf(opt, server_conf);
+    server.bootstrap();
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        PdGateway { gw },
+        "pdgate",
+    );
+    proxy.add_tcp(&cfg.listen_addr());
+    server.add_service(proxy);
+
+    let mut prometheus = pingora_prometheus::prometheus_http_service();
+    prometheus.add_tcp(&cfg.prometheus_addr());
+    server.add_service(prometheus);
+
+    server.add_service(background_service(
+        "health checks",
+        HealthChecker {
+            registry,
+            settings: health,
+        },
+    ));
+    Ok(server)
+}

@@ -1,0 +1,181 @@
+//! Active health checks: each worker's `GET {base}{endpoint}` on its own schedule, driving the
+//! status state machine. Runs as a Pingora background service (its own runtime and connection
+//! pool), so probes never compete with the data plane's reactor.
+//!
+//! State machine (SMG's, with thresholds F = failure, S = success):
+//! `pending → ready` on the first success (the registration probe), `pending → failed` when
+//! the startup timeout passes; `ready → not_ready` after F consecutive failures;
+//! `not_ready → ready` after S consecutive successes; `not_ready → failed` after 3·F.
+//! Deviation: a `failed` worker is still probed (at the normal interval) and returns to `ready`
+//! after S successes — an operator expects a restarted engine to come back without re-registering.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use super::registry::Registry;
+use super::worker::{Status, Worker};
+use crate::config::HealthSettings;
+use crate::legs::client::{LegClient, LegRequest};
+
+#[derive(Default)]
+struct ProbeState {
+    registered_at: Option<Instant>,
+    next_due: Option<Instant>,
+    consecutive_failures: u32,
+    consecutive_successes: u32,
+}
+
+pub struct HealthChecker {
+    pub registry: Arc<Registry>,
+    pub settings: HealthSettings,
+}
+
+impl HealthChecker {
+    /// Applies one probe result to a worker. Pure state-machine step, shared by tests.
+    fn apply(&self, w: &Worker, st: &mut ProbeState, ok: bool, now: Instant) {
+        let s = &self.settings;
+        if ok {
+            st.consecutive_failures = 0;
+            st.consecutive_successes += 1;
+        } else {
+            st.consecutive_successes = 0;
+            st.consecutive_failures += 1;
+        }
+        let next = match (w.status(), ok) {
+            (Status::Pending, true) => Some(Status::Ready),
+            (Status::Pending, false) => {
+                let since = st.registered_at.map_or(Duration::ZERO, |t| now - t);
+                (since >= s.startup_timeout).then_some(Status::Failed)
+            }
+            (Status::Ready, false) if st.consecutive_failures >= s.failure_threshold => {
+                Some(Status::NotReady)
+            }
+            (Status::NotReady, false) if st.consecutive_failures >= 3 * s.failure_threshold => {
+                Some(Status::Failed)
+            }
+            (Status::NotReady | Status::Failed, true)
+                if st.consecutive_successes >= s.success_threshold =>
+            {
+                Some(Status::Ready)
+            }
+            _ => None,
+        };
+        if let Some(n) = next {
+            if n != w.status() {
+                log::info!(
+                    "worker {} ({}) {} -> {}",
+                    w.url(),
+                    w.role().as_str(),
+                    w.status().as_str(),
+                    n.as_str()
+                );
+                w.set_status(n);
+            }
+        }
+        let wait = if w.status() == Status::Pending {
+            s.startup_check_interval
+        } else {
+            s.interval
+        };
+        st.next_due = Some(now + wait);
+    }
+
+    async fn probe(client: &LegClient, w: &Worker, s: &HealthSettings) -> bool {
+        let mut headers = Vec::new();
+        if let Some(key) = &w.spec.api_key {
+            if let Ok(v) = http::HeaderValue::from_str(&format!("Bearer {key}")) {
+                headers.push((http::header::AUTHORIZATION, v));
+            }
+        }
+        let path = health_path(&w.address.base_url, &s.endpoint);
+        let req = LegRequest {
+            method: "GET",
+            path: &path,
+            host: &w.address.authority,
+            headers: &headers,
+            body: Bytes::new(),
+        };
+        let attempt = async {
+            let mut leg = client.open(&w.peer, &req, s.timeout).await.ok()?;
+            let ok = leg.is_success();
+            leg.read_to_end(64 * 1024).await.ok()?;
+            client.release(leg, &w.peer).await;
+            Some(ok)
+        };
+        matches!(
+            tokio::time::timeout(s.timeout, attempt).await,
+            Ok(Some(true))
+        )
+    }
+}
+
+/// The probe path: the worker URL's own path prefix (if any) followed by the endpoint.
+fn health_path(base_url: &str, endpoint: &str) -> String {
+    let after_scheme = base_url.split_once("://").map_or(base_url, |(_, r)| r);
+    let prefix = after_scheme
+        .find('/')
+        .map_or("", |i| after_scheme[i..].trim_end_matches('/'));
+    format!("{prefix}{endpoint}")
+}
+
+#[async_trait]
+impl BackgroundService for HealthChecker {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        if !self.settings.enabled {
+            return;
+        }
+        let client = LegClient::new(64, Some(Duration::from_secs(30)));
+        let mut states: HashMap<String, ProbeState> = HashMap::new();
+        let tick = Duration::from_millis(200);
+        loop {
+            let now = Instant::now();
+            let snap = self.registry.snapshot();
+            states.retain(|id, _| snap.by_id(id).is_some());
+            let due: Vec<Arc<Worker>> = snap
+                .all
+                .iter()
+                .filter(|w| w.status() != Status::Draining)
+                .filter(|w| {
+                    let st = states.entry(w.id.clone()).or_default();
+                    st.registered_at.get_or_insert(now);
+                    st.next_due.is_none_or(|t| t <= now)
+                })
+                .cloned()
+                .collect();
+            if !due.is_empty() {
+                let results = futures::future::join_all(
+                    due.iter().map(|w| Self::probe(&client, w, &self.settings)),
+                )
+                .await;
+                let now = Instant::now();
+                for (w, ok) in due.iter().zip(results) {
+                    if let Some(st) = states.get_mut(&w.id) {
+                        self.apply(w, st, ok, now);
+                    }
+                }
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(tick) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_path_keeps_url_prefix() {
+        assert_eq!(health_path("http://p:1", "/health"), "/health");
+        assert_eq!(health_path("http://p:1/", "/health"), "/health");
+        assert_eq!(health_path("http://p:1/v2/", "/health"), "/v2/health");
+    }
+}

@@ -1,0 +1,11 @@
+//! Workers: what is registered (registry), each worker's facts and live state, health checks,
+//! and pair selection.
+
+pub mod health;
+pub mod intake;
+pub mod registry;
+pub mod select;
+pub mod worker;
+
+pub use registry::{Registry, Snapshot};
+pub use worker::{InFlight, Status, Worker, WorkerAddress};

@@ -1,0 +1,101 @@
+//! The worker registry: who is registered, in registration order, published as an immutable
+//! snapshot that the hot path reads without locks (ArcSwap). Writers (startup, admin API,
+//! reload) serialize on a mutex and publish a new snapshot.
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+
+use super::worker::Worker;
+use crate::config::WorkerType;
+
+/// An immutable view of the fleet at one instant.
+#[derive(Default)]
+pub struct Snapshot {
+    /// Every worker, in registration order.
+    pub all: Vec<Arc<Worker>>,
+    pub prefills: Vec<Arc<Worker>>,
+    pub decodes: Vec<Arc<Worker>>,
+}
+
+impl Snapshot {
+    fn build(all: Vec<Arc<Worker>>) -> Snapshot {
+        let of = |r: WorkerType| all.iter().filter(|w| w.role() == r).cloned().collect();
+        Snapshot {
+            prefills: of(WorkerType::Prefill),
+            decodes: of(WorkerType::Decode),
+            all,
+        }
+    }
+
+    pub fn by_id(&self, id: &str) -> Option<&Arc<Worker>> {
+        self.all.iter().find(|w| w.id == id)
+    }
+
+    pub fn by_url(&self, url: &str) -> Option<&Arc<Worker>> {
+        self.all.iter().find(|w| w.url() == url)
+    }
+
+    pub fn healthy(&self, role: WorkerType) -> usize {
+        let list = match role {
+            WorkerType::Prefill => &self.prefills,
+            WorkerType::Decode => &self.decodes,
+            _ => {
+                return self
+                    .all
+                    .iter()
+                    .filter(|w| w.role() == role && w.is_healthy())
+                    .count()
+            }
+        };
+        list.iter().filter(|w| w.is_healthy()).count()
+    }
+}
+
+#[derive(Default)]
+pub struct Registry {
+    writers: Mutex<()>,
+    current: ArcSwap<Snapshot>,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RegisterError {
+    /// A worker with this URL exists (its id).
+    Duplicate(String),
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// The current fleet. Cheap; hold it for one request, not longer.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    pub fn add(&self, worker: Arc<Worker>) -> Result<(), RegisterError> {
+        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.current.load();
+        if let Some(existing) = cur.by_url(worker.url()) {
+            return Err(RegisterError::Duplicate(existing.id.clone()));
+        }
+        let mut all = cur.all.clone();
+        all.push(worker);
+        self.current.store(Arc::new(Snapshot::build(all)));
+        Ok(())
+    }
+
+    /// Removes a worker by id; returns it if it was registered. In-flight requests keep their
+    /// `Arc` and finish normally.
+    pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {
+        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.current.load();
+        let pos = cur.all.iter().position(|w| w.id == id)?;
+        let mut all = cur.all.clone();
+        let removed = all.remove(pos);
+        self.current.store(Arc::new(Snapshot::build(all)));
+        Some(removed)
+    }
+}

@@ -1,0 +1,294 @@
+//! One registered engine endpoint: the facts the router needs (role, runtime, where its legs and
+//! its bootstrap server are) and its live state (status, in-flight count).
+//!
+//! Facts are immutable once registered; a change is a re-registration. Live state is atomics,
+//! read on every selection without locks.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use pingora::upstreams::peer::HttpPeer;
+use pingora_prometheus::prometheus::IntGauge;
+
+use crate::config::{RuntimeType, WorkerSpec, WorkerType};
+use crate::metrics::METRICS;
+
+/// Health status, SMG's state machine: `pending → ready ↔ not_ready → failed`; `draining` on removal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    Pending = 0,
+    Ready = 1,
+    NotReady = 2,
+    Failed = 3,
+    Draining = 4,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Ready => "ready",
+            Status::NotReady => "not_ready",
+            Status::Failed => "failed",
+            Status::Draining => "draining",
+        }
+    }
+
+    fn from_u8(v: u8) -> Status {
+        match v {
+            1 => Status::Ready,
+            2 => Status::NotReady,
+            3 => Status::Failed,
+            4 => Status::Draining,
+            _ => Status::Pending,
+        }
+    }
+}
+
+/// Where a worker URL points, split the way the legs and the handoff need it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerAddress {
+    /// The URL without the `@rank` DP suffix; legs are sent here.
+    pub base_url: String,
+    /// Host as written in the URL, without port (IPv6 stays bracketed): SGLang's `bootstrap_host`.
+    pub host: String,
+    pub port: u16,
+    /// `Host` header value for legs.
+    pub authority: String,
+    pub tls: bool,
+    /// DP rank from a `url@rank` suffix.
+    pub dp_rank: Option<u32>,
+}
+
+impl WorkerAddress {
+    /// Parses an `http(s)://host[:port][/path][@rank]` worker URL. The scheme must be lowercase.
+    pub fn parse(url: &str) -> Result<WorkerAddress, String> {
+        let (base, dp_rank) = split_dp_suffix(url);
+        let (tls, rest) = if let Some(r) = base.strip_prefix("http://") {
+            (false, r)
+        } else if let Some(r) = base.strip_prefix("https://") {
+            (true, r)
+        } else {
+            return Err(format!(
+                "worker URL `{url}` must start with lowercase http:// or https://"
+            ));
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        if authority.is_empty() || authority.contains('@') {
+            return Err(format!("worker URL `{url}` has no valid host"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let end = v6
+                .find(']')
+                .ok_or_else(|| format!("worker URL `{url}` has an unterminated IPv6 host"))?;
+            let host = &authority[..end + 2];
+            let after = &v6[end + 1..];
+            let port = match after.strip_prefix(':') {
+                Some(p) => Some(p),
+                None if after.is_empty() => None,
+                None => return Err(format!("worker URL `{url}` has a malformed host")),
+            };
+            (host, port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!("worker URL `{url}` has no host"));
+        }
+        let port = match port {
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("worker URL `{url}` has an invalid port `{p}`"))?,
+            None if tls => 443,
+            None => 80,
+        };
+        Ok(WorkerAddress {
+            base_url: base.to_string(),
+            host: host.to_string(),
+            port,
+            authority: authority.to_string(),
+            tls,
+            dp_rank,
+        })
+    }
+
+    /// The host for socket resolution (brackets removed).
+    pub fn resolve_host(&self) -> &str {
+        self.host.trim_start_matches('[').trim_end_matches(']')
+    }
+}
+
+/// `http://p:8000@3` → (`http://p:8000`, Some(3)); anything else unchanged.
+fn split_dp_suffix(url: &str) -> (&str, Option<u32>) {
+    if let Some((base, rank)) = url.rsplit_once('@') {
+        if !rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit()) && base.contains("://") {
+            if let Ok(r) = rank.parse() {
+                return (base, Some(r));
+            }
+        }
+    }
+    (url, None)
+}
+
+/// A live worker. Shared (`Arc`) between the registry snapshot, in-flight requests and the
+/// health checker.
+pub struct Worker {
+    pub id: String,
+    /// The registration as given (validated); `api_key` inside is never echoed.
+    pub spec: WorkerSpec,
+    /// The engine, resolved (never `Unspecified`).
+    pub runtime: RuntimeType,
+    pub address: WorkerAddress,
+    /// Models served; empty means any.
+    pub models: Vec<String>,
+    pub peer: HttpPeer,
+    status: AtomicU8,
+    in_flight: AtomicUsize,
+    active_gauge: IntGauge,
+}
+
+impl Worker {
+    pub fn new(
+        id: String,
+        spec: WorkerSpec,
+        runtime: RuntimeType,
+        address: WorkerAddress,
+        addr: SocketAddr,
+        initial: Status,
+    ) -> Arc<Worker> {
+        let peer = HttpPeer::new(addr, address.tls, address.resolve_host().to_string());
+        let active_gauge = METRICS
+            .worker_requests_active
+            .with_label_values(&[spec.url.as_str()]);
+        let models = spec.models.iter().map(|m| m.id.clone()).collect();
+        let w = Arc::new(Worker {
+            id,
+            spec,
+            runtime,
+            address,
+            models,
+            peer,
+            status: AtomicU8::new(initial as u8),
+            in_flight: AtomicUsize::new(0),
+            active_gauge,
+        });
+        w.publish_health();
+        w
+    }
+
+    pub fn url(&self) -> &str {
+        &self.spec.url
+    }
+
+    pub fn role(&self) -> WorkerType {
+        self.spec.worker_type
+    }
+
+    pub fn status(&self) -> Status {
+        Status::from_u8(self.status.load(Ordering::Acquire))
+    }
+
+    pub fn set_status(&self, s: Status) {
+        self.status.store(s as u8, Ordering::Release);
+        self.publish_health();
+    }
+
+    fn publish_health(&self) {
+        let v = i64::from(self.status() == Status::Ready);
+        METRICS
+            .worker_health
+            .with_label_values(&[self.spec.url.as_str()])
+            .set(v);
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.status() == Status::Ready
+    }
+
+    /// In-flight requests through this gateway.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether this worker serves `model` (`None`: the client named none).
+    pub fn serves(&self, model: Option<&str>) -> bool {
+        match model {
+            None => true,
+            Some(m) => self.models.is_empty() || self.models.iter().any(|x| x == m),
+        }
+    }
+
+    /// Counts one in-flight request until the returned guard drops.
+    pub fn track(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.active_gauge.inc();
+        InFlight(self.clone())
+    }
+}
+
+/// One in-flight request on a worker; dropping it ends the count (whatever way the leg ended).
+pub struct InFlight(Arc<Worker>);
+
+impl InFlight {
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.active_gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_splits_host_port_and_dp_rank() {
+        let a = WorkerAddress::parse("http://10.0.0.5:8000@3").unwrap();
+        assert_eq!(a.base_url, "http://10.0.0.5:8000");
+        assert_eq!(a.host, "10.0.0.5");
+        assert_eq!(a.port, 8000);
+        assert_eq!(a.dp_rank, Some(3));
+        assert_eq!(a.authority, "10.0.0.5:8000");
+    }
+
+    #[test]
+    fn address_keeps_ipv6_brackets_for_bootstrap_host() {
+        let a = WorkerAddress::parse("http://[::1]:9000").unwrap();
+        assert_eq!(a.host, "[::1]");
+        assert_eq!(a.resolve_host(), "::1");
+        assert_eq!(a.port, 9000);
+    }
+
+    #[test]
+    fn address_defaults_port_by_scheme() {
+        assert_eq!(WorkerAddress::parse("http://p").unwrap().port, 80);
+        assert_eq!(WorkerAddress::parse("https://p/").unwrap().port, 443);
+    }
+
+    #[test]
+    fn address_refuses_bad_urls() {
+        for bad in [
+            "HTTP://p:1",
+            "p:1",
+            "http://",
+            "http://p:0",
+            "http://p:x",
+            "grpc://p:1",
+            "http://user@p:1",
+        ] {
+            assert!(WorkerAddress::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+}
