@@ -1,0 +1,238 @@
+//! What an engine remembers about every request it received (`GET /mock/requests`) and the
+//! counters behind `/mock/stats` and `/metrics` (mock-engines-spec §2.2 item 4, §2.6).
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Milliseconds since a process-wide epoch, shared by every in-process engine so timelines of
+/// the two legs of one request compare directly.
+pub fn now_ms() -> f64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64() * 1000.0
+}
+
+/// Handoff fields parsed from the request body.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ParsedFields {
+    pub stream: bool,
+    pub max_tokens_effective: Option<u64>,
+    pub n: Option<u64>,
+    pub ignore_eos: Option<bool>,
+    pub stop: Option<Value>,
+    pub bootstrap_host: Option<Value>,
+    pub bootstrap_port: Option<Value>,
+    pub bootstrap_room: Option<Value>,
+    pub routed_dp_rank: Option<Value>,
+    pub disagg_prefill_dp_rank: Option<Value>,
+    pub kv_transfer_params: Option<Value>,
+    pub has_stream_options: bool,
+    pub min_tokens: Option<Value>,
+}
+
+/// One handoff item (one room / one transfer).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ItemHandoff {
+    pub room: Option<u64>,
+    /// The address this engine actually dialled for the handoff (decode: the bootstrap / side
+    /// channel / Mooncake bootstrap addr; prefill: the decode that registered as receiver).
+    pub peer_addr: Option<String>,
+    /// `remote` | `recompute` | `fake` | `none` | `garbage` | `stale`.
+    pub kv_source: Option<String>,
+    /// `ok` | `mismatch` | `n/a`.
+    pub integrity: Option<String>,
+    /// Hex digest of the prompt state handed over / received.
+    pub prompt_digest: Option<String>,
+    pub route_attempts: u32,
+    pub wait_ms: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// The handoff as this engine saw it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Handoff {
+    /// `prefill` | `decode` | `both`.
+    pub role: String,
+    /// `sglang-mooncake`, `nixl`, `mooncake`, `moriio-read`, `moriio-write`, `none`, ...
+    pub protocol: String,
+    /// First item's peer (the usual single-item case).
+    pub peer_addr: Option<String>,
+    pub room: Option<u64>,
+    pub rooms: Vec<u64>,
+    pub kv_source: Option<String>,
+    pub transfer_id: Option<String>,
+    pub remote_request_id: Option<String>,
+    pub remote_engine_id: Option<String>,
+    /// `kv_transfer_params` this engine returned (vLLM prefill).
+    pub returned_params: Option<Value>,
+    pub items: Vec<ItemHandoff>,
+    /// Free-form events (`fault:hang`, `receiver registered`, ...), each with its time in ms.
+    pub timeline: Vec<(f64, String)>,
+}
+
+/// How the request ended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub status: Option<u16>,
+    pub head_at_ms: Option<f64>,
+    pub done_at_ms: Option<f64>,
+    /// The client hung up before the response was complete.
+    pub cancelled: bool,
+    pub error: Option<String>,
+    pub finish_reason: Option<String>,
+    pub completion_tokens: Option<u64>,
+}
+
+/// Everything recorded about one HTTP request to the API port.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    pub seq: u64,
+    pub arrive_ms: f64,
+    pub method: String,
+    pub path: String,
+    /// Lower-case header names; repeated headers joined with `, `.
+    pub headers: BTreeMap<String, String>,
+    /// The JSON body (or the raw text as a JSON string when it did not parse).
+    pub body: Value,
+    pub x_request_id: Option<String>,
+    pub client_addr: String,
+    pub parsed: ParsedFields,
+    pub handoff: Handoff,
+    pub outcome: Outcome,
+}
+
+impl RequestRecord {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(|s| s.as_str())
+    }
+    /// True once the response finished (any way).
+    pub fn is_done(&self) -> bool {
+        self.outcome.done_at_ms.is_some()
+    }
+}
+
+/// A ring buffer of records, updated in place by sequence number.
+pub struct Recorder {
+    inner: Mutex<RecorderInner>,
+    limit: usize,
+}
+
+struct RecorderInner {
+    next_seq: u64,
+    records: std::collections::VecDeque<RequestRecord>,
+}
+
+impl Recorder {
+    pub fn new(limit: usize) -> Self {
+        Recorder {
+            inner: Mutex::new(RecorderInner {
+                next_seq: 1,
+                records: Default::default(),
+            }),
+            limit: limit.max(1),
+        }
+    }
+
+    pub fn push(&self, mut r: RequestRecord) -> u64 {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        r.seq = g.next_seq;
+        g.next_seq += 1;
+        if g.records.len() >= self.limit {
+            g.records.pop_front();
+        }
+        let seq = r.seq;
+        g.records.push_back(r);
+        seq
+    }
+
+    pub fn update(&self, seq: u64, f: impl FnOnce(&mut RequestRecord)) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(front) = g.records.front().map(|r| r.seq) else {
+            return;
+        };
+        if seq < front {
+            return;
+        }
+        if let Some(r) = g.records.get_mut((seq - front) as usize) {
+            f(r);
+        }
+    }
+
+    pub fn all(&self) -> Vec<RequestRecord> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .records
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    pub fn clear(&self) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .records
+            .clear();
+    }
+}
+
+/// `GET /mock/stats`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub engine: String,
+    pub role: String,
+    pub connector: String,
+    pub engine_id: String,
+    pub rooms_open: usize,
+    pub pinned_blocks: usize,
+    pub leaked_allocs: usize,
+    pub requests_total: u64,
+    pub requests_in_flight: u64,
+    pub requests_by_route: BTreeMap<String, u64>,
+    pub requests_by_status: BTreeMap<String, u64>,
+    pub handoffs: BTreeMap<String, u64>,
+    pub kv_recompute_total: u64,
+    pub kv_expired_unread_total: u64,
+    pub rooms_orphaned_total: u64,
+    pub bootstrap_failed_total: u64,
+    pub transfer_failed_total: u64,
+    pub crashed: bool,
+    pub killed: bool,
+}
+
+/// Monotonic counters kept by the engine.
+#[derive(Default)]
+pub struct Counters {
+    pub inner: Mutex<CountersInner>,
+}
+
+#[derive(Default, Clone)]
+pub struct CountersInner {
+    pub requests_total: u64,
+    pub in_flight: u64,
+    pub by_route: BTreeMap<String, u64>,
+    pub by_role_route_status: BTreeMap<(String, u16), u64>,
+    pub handoffs: BTreeMap<String, u64>,
+    pub recompute: u64,
+    pub expired_unread: u64,
+    pub rooms_orphaned: u64,
+    pub bootstrap_failed: u64,
+    pub transfer_failed: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+}
+
+impl Counters {
+    pub fn with<R>(&self, f: impl FnOnce(&mut CountersInner) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+    pub fn handoff(&self, result: &str) {
+        self.with(|c| *c.handoffs.entry(result.to_string()).or_default() += 1);
+    }
+}
