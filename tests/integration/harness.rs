@@ -1,0 +1,253 @@
+//! Test harness: a real `pdgate` process on loopback (stopped on drop), with helpers to talk to
+//! it. Readiness is polled with a deadline, never slept for.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mock_engine::client::{self, ClientOptions, Response};
+use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
+use serde_json::Value;
+
+/// A free TCP port on 127.0.0.1 (bound and released; the kernel does not hand it out again soon).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+pub fn pdgate_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pdgate")
+}
+
+/// A running gateway process.
+pub struct Gateway {
+    child: Child,
+    pub port: u16,
+    pub prometheus_port: u16,
+    log: PathBuf,
+}
+
+/// Settings every test gateway gets unless the test overrides them (fast probes, short grace).
+const TEST_DEFAULTS: &str =
+    "  worker_startup_check_interval: 1\n  health_check_interval_secs: 1\n  log_level: info\n";
+
+impl Gateway {
+    /// Starts `pdgate run` with `workers` (POST /workers bodies) and extra `gateway:` keys
+    /// (`extra` is YAML lines indented by two spaces), and waits until it answers `/health`.
+    pub async fn start(workers: &[Value], extra: &str) -> Gateway {
+        let port = free_port();
+        let prometheus_port = free_port();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateways");
+        std::fs::create_dir_all(&dir).expect("create the test tmp dir");
+        let conf = dir.join(format!("pdgate-{port}.yaml"));
+        let log = dir.join(format!("pdgate-{port}.log"));
+        let dir_s = dir.display();
+        let mut yaml = [
+            "version: 1".to_string(),
+            "threads: 2".into(),
+            "grace_period_seconds: 0".into(),
+            "graceful_shutdown_timeout_seconds: 1".into(),
+            format!("upgrade_sock: {dir_s}/upgrade-{port}.sock"),
+            format!("pid_file: {dir_s}/pdgate-{port}.pid"),
+            "gateway:".into(),
+            "  pd_disaggregation: true".into(),
+            "  host: 127.0.0.1".into(),
+            format!("  port: {port}"),
+            "  prometheus_host: 127.0.0.1".into(),
+            format!("  prometheus_port: {prometheus_port}"),
+            "  policy: round_robin".into(),
+            String::new(),
+        ]
+        .join("\n");
+        // Test defaults first; a key in `extra` replaces its default.
+        for line in TEST_DEFAULTS.lines() {
+            let key = line.trim().split(':').next().unwrap_or("");
+            if !extra
+                .lines()
+                .any(|l| l.trim().starts_with(&format!("{key}:")))
+            {
+                yaml.push_str(line);
+                yaml.push('\n');
+            }
+        }
+        yaml.push_str(extra);
+        if !yaml.ends_with('\n') {
+            yaml.push('\n');
+        }
+        if !workers.is_empty() {
+            yaml.push_str("  workers:\n");
+            for w in workers {
+                // JSON is YAML: one flow mapping per worker.
+                yaml.push_str(&format!("    - {w}\n"));
+            }
+        }
+        std::fs::write(&conf, yaml).expect("write the test config");
+        let mut gw = Gateway::spawn(&conf, port, prometheus_port, log);
+        gw.wait_http("/health", Duration::from_secs(20)).await;
+        gw
+    }
+
+    /// Spawns `pdgate run -c conf` (for tests that write their own config).
+    pub fn spawn(conf: &std::path::Path, port: u16, prometheus_port: u16, log: PathBuf) -> Gateway {
+        let out = std::fs::File::create(&log).expect("create the gateway log");
+        let err = out.try_clone().expect("clone the log handle");
+        let child = Command::new(pdgate_bin())
+            .args(["run", "-c"])
+            .arg(conf)
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start pdgate");
+        Gateway {
+            child,
+            port,
+            prometheus_port,
+            log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// The gateway's log so far (for assertion messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn wait_http(&mut self, path: &str, deadline: Duration) {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "pdgate exited ({status}) before answering {path}\n{}",
+                    self.log()
+                );
+            }
+            if let Ok(r) = client::get(&self.url(path)).await {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!(
+            "gateway did not answer {path} 200 within {deadline:?}\n{}",
+            self.log()
+        );
+    }
+
+    /// Waits until `/readiness` is 200 (a healthy prefill and decode).
+    pub async fn wait_ready(&mut self) {
+        self.wait_http("/readiness", Duration::from_secs(20)).await;
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Response {
+        client::post_json(&self.url(path), body)
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", self.log()))
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        client::get(&self.url(path))
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}\n{}", self.log()))
+    }
+
+    /// The Prometheus exposition.
+    pub async fn metrics(&self) -> String {
+        client::get(&format!(
+            "http://127.0.0.1:{}/metrics",
+            self.prometheus_port
+        ))
+        .await
+        .expect("scrape /metrics")
+        .text()
+    }
+
+    /// Opens a streaming request (the connection closes when the result is dropped).
+    pub async fn stream(&self, path: &str, body: &Value) -> client::StreamingResponse {
+        client::stream(
+            &ClientOptions::default(),
+            "POST",
+            &self.url(path),
+            &[("content-type", "application/json")],
+            Some(Bytes::from(body.to_string())),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("stream {path}: {e}\n{}", self.log()))
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of one sample in a Prometheus exposition whose name and labels all match.
+pub fn metric_value(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.starts_with(name)
+                && l[name.len()..].starts_with(['{', ' '])
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .next()
+}
+
+/// An SGLang prefill/decode pair plus a single-worker reference engine, on distinct loopback IPs.
+pub struct SglangFleet {
+    pub prefill: MockEngine,
+    pub decode: MockEngine,
+    pub reference: MockEngine,
+}
+
+impl SglangFleet {
+    pub async fn start(tweak: impl Fn(&mut MockEngineConfig)) -> SglangFleet {
+        let spawn = |role, ip: [u8; 4]| {
+            let mut cfg = MockEngineConfig::test(EngineKind::Sglang, role, ip);
+            tweak(&mut cfg);
+            MockEngine::spawn(cfg)
+        };
+        SglangFleet {
+            prefill: spawn(Role::Prefill, [127, 0, 0, 2])
+                .await
+                .expect("prefill mock"),
+            decode: spawn(Role::Decode, [127, 0, 0, 3])
+                .await
+                .expect("decode mock"),
+            reference: spawn(Role::Both, [127, 0, 0, 4])
+                .await
+                .expect("reference mock"),
+        }
+    }
+
+    pub fn workers(&self) -> Vec<Value> {
+        vec![self.prefill.worker_spec(), self.decode.worker_spec()]
+    }
+
+    /// The reference engine's answer to the same request (a regular, non-PD worker).
+    pub async fn reference(&self, path: &str, body: &Value) -> Response {
+        client::post_json(&format!("{}{}", self.reference.api_url(), path), body)
+            .await
+            .expect("reference request")
+    }
+}
+
+/// A gateway serving `fleet`, ready.
+pub async fn gateway_for(fleet: &SglangFleet, extra: &str) -> Gateway {
+    let mut gw = Gateway::start(&fleet.workers(), extra).await;
+    gw.wait_ready().await;
+    gw
+}

@@ -1,0 +1,5 @@
+//! Integration tests: the real `pdgate` binary against mock engines on loopback. One test binary
+//! (shared build and link), one module per capability.
+
+mod harness;
+mod sglang;
