@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --release --locked --bin pdgate --bin mock-engine
+cargo build --release --locked -p pdgate -p mock-engine --bins
 exec target/release/pdgate demo "$@"

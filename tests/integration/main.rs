@@ -1,5 +1,6 @@
 //! Integration tests: the real `pdgate` binary against mock engines on loopback. One test binary
 //! (shared build and link), one module per capability.
 
+mod cli;
 mod harness;
 mod sglang;

@@ -1,0 +1,180 @@
+//! The command line: `check` on every shipped config, `check` refusing a bad one with its reason,
+//! `launch` with SMG's flags serving PD, and the demo config serving a request.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
+use serde_json::json;
+
+use crate::harness::{free_port, pdgate_bin, Gateway};
+
+fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+#[test]
+fn every_shipped_config_passes_check() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(repo("conf")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        // workers.yaml is a worker list for `workers_file`, not a whole config.
+        if path.file_name().and_then(|n| n.to_str()) == Some("workers.yaml") {
+            continue;
+        }
+        let out = Command::new(pdgate_bin())
+            .arg("check")
+            .arg("-c")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        checked += 1;
+    }
+    assert!(checked >= 2, "expected conf/pdgate.yaml and conf/demo.yaml");
+}
+
+#[test]
+fn check_refuses_a_bad_config_with_the_reason() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let cases = [
+        ("gateway:\n  pd_disaggregation: true\n  retry_max_retires: 3\n", "retry_max_retires"),
+        ("gateway:\n  pd_disaggregation: true\n  decode_policy: bucket\n", "bucket"),
+        (
+            "gateway:\n  pd_disaggregation: true\n  workers:\n    - {url: \"HTTP://p:1\", worker_type: prefill}\n",
+            "lowercase",
+        ),
+        ("gateway:\n  pd_disaggregation: true\n  port: 70000\n", "port"),
+    ];
+    for (i, (yaml, needle)) in cases.iter().enumerate() {
+        let path = dir.join(format!("bad-{i}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        let out = Command::new(pdgate_bin())
+            .arg("check")
+            .arg("-c")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "case {i} accepted");
+        assert!(
+            err.contains(needle),
+            "case {i}: message does not name `{needle}`: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launch_with_smg_flags_serves_pd() {
+    let p = MockEngine::spawn(MockEngineConfig::test(
+        EngineKind::Sglang,
+        Role::Prefill,
+        [127, 0, 0, 2],
+    ))
+    .await
+    .unwrap();
+    let d = MockEngine::spawn(MockEngineConfig::test(
+        EngineKind::Sglang,
+        Role::Decode,
+        [127, 0, 0, 3],
+    ))
+    .await
+    .unwrap();
+    let port = free_port();
+    let prom = free_port();
+    let mut child = Command::new(pdgate_bin())
+        .args([
+            "launch",
+            "--pd-disaggregation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args([
+            "--prefill",
+            &p.api_url(),
+            &p.bootstrap_port().unwrap().to_string(),
+        ])
+        .args(["--decode", &d.api_url()])
+        .args([
+            "--prefill-policy",
+            "round_robin",
+            "--decode-policy",
+            "random",
+        ])
+        .args([
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &prom.to_string(),
+        ])
+        .args([
+            "--worker-startup-check-interval",
+            "1",
+            "--shutdown-grace-period-secs",
+            "0",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let ready = mock_engine::wait_until(Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    assert!(ready, "launch did not listen");
+    let mut status = 0;
+    for _ in 0..200 {
+        status = mock_engine::client::get(&format!("{url}/readiness"))
+            .await
+            .map(|r| r.status)
+            .unwrap_or(0);
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200, "launch never became ready");
+    let r = mock_engine::client::post_json(
+        &format!("{url}/generate"),
+        &json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let rec = &d.records()[0];
+    assert_eq!(rec.body["bootstrap_port"], json!(p.bootstrap_port()));
+    assert_eq!(rec.handoff.kv_source.as_deref(), Some("remote"));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_config_serves_a_request() {
+    // conf/demo.yaml names fixed ports (below the ephemeral range, so free_port() never hands
+    // them to another test).
+    let mut pc = MockEngineConfig::test(EngineKind::Sglang, Role::Prefill, [127, 0, 0, 1]);
+    pc.port = 31001;
+    pc.bootstrap_port = 31901;
+    let mut dc = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 0, 1]);
+    dc.port = 31002;
+    let _p = MockEngine::spawn(pc).await.unwrap();
+    let _d = MockEngine::spawn(dc).await.unwrap();
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("demo-conf.log");
+    let mut gw = Gateway::spawn(&repo("conf/demo.yaml"), 30000, 29000, log);
+    gw.wait_ready().await;
+    let r = gw
+        .post("/v1/chat/completions", &json!({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
