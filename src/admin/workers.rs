@@ -41,12 +41,12 @@ pub fn worker_json(w: &Worker) -> Value {
     m.insert("id".into(), json!(w.id));
     m.insert(
         "model_id".into(),
-        json!(w.models.first().map_or("unknown", String::as_str)),
+        json!(w.models().first().map_or("unknown", String::as_str)),
     );
     m.insert("url".into(), json!(spec.url));
     m.insert("worker_type".into(), json!(spec.worker_type.as_str()));
     m.insert("connection_mode".into(), json!("http"));
-    m.insert("runtime_type".into(), json!(w.runtime.as_str()));
+    m.insert("runtime_type".into(), json!(w.runtime().as_str()));
     if !spec.labels.is_empty() {
         m.insert("labels".into(), json!(spec.labels));
     }

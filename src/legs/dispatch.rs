@@ -7,8 +7,9 @@ use std::time::Instant;
 use pdgate_filters::errors::ErrorCode;
 use pingora::proxy::Session;
 
-use super::parallel;
 use super::request::PdRequest;
+use super::{parallel, sequential};
+use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
 use crate::policy::RoutingInput;
 use crate::proxy::ctx::RequestCtx;
@@ -63,7 +64,10 @@ pub async fn serve(
             Ok(pair) => {
                 ctx.pair = Some(pair.clone());
                 drop(snap);
-                parallel::attempt(gw, session, ctx, &req, &pair).await
+                match pair.prefill.runtime() {
+                    RuntimeType::Vllm => sequential::attempt(gw, session, ctx, &req, &pair).await,
+                    _ => parallel::attempt(gw, session, ctx, &req, &pair).await,
+                }
             }
         };
         match outcome {

@@ -1,7 +1,7 @@
 //! The sub-request module: the legs of a PD request (prefill and decode), how they are
 //! dispatched for each engine, and how the decode output is relayed back.
 //!
-//! `request` (what the legs carry) → `dispatch` (attempt loop, retries) → `parallel` (SGLang)
+//! `request` (what the legs carry) → `dispatch` (attempt loop, retries) → `parallel` (SGLang) or `sequential` (vLLM)
 //! → `prefill` (the background prefill leg) and `relay` (decode output to the client), all over
 //! `client` (pooled HTTP/1.1 on Pingora's connector).
 
@@ -11,3 +11,4 @@ pub mod parallel;
 pub mod prefill;
 pub mod relay;
 pub mod request;
+pub mod sequential;

@@ -109,7 +109,7 @@ pub async fn attempt(
     let mut prefill = PrefillLeg::spawn(PrefillJob {
         client: gw.client.clone(),
         worker: pair.prefill.clone(),
-        path: req.route.upstream_path(),
+        path: pair.prefill.address.path_for(req.route.upstream_path()),
         body: prefill_body,
         headers: req.forward.clone(),
         keep_body: req.facts.logprobs,
@@ -133,9 +133,10 @@ pub async fn attempt(
 
     let _decode_in_flight = pair.decode.track();
     let decode_headers = req.forward.as_slice();
+    let decode_path = pair.decode.address.path_for(req.route.upstream_path());
     let decode_req = LegRequest {
         method: "POST",
-        path: req.route.upstream_path(),
+        path: &decode_path,
         host: &pair.decode.address.authority,
         headers: decode_headers,
         body: decode_body,
@@ -223,7 +224,7 @@ fn is_sse(body: &[u8]) -> bool {
 
 /// A decode that answered non-2xx: its status with SMG's code (non-streaming), or one SSE error
 /// event carrying its body (streaming).
-async fn decode_refusal(mut leg: OpenLeg, streaming: bool) -> Reply {
+pub async fn decode_refusal(mut leg: OpenLeg, streaming: bool) -> Reply {
     let status = leg.status();
     leg.set_read_timeout(Some(Duration::from_secs(5)));
     let body = leg.read_to_end(ERROR_BODY_LIMIT).await.unwrap_or_default();
@@ -258,7 +259,7 @@ impl PdLabels {
                 .model_label
                 .clone()
                 .unwrap_or_else(|| Arc::from("unknown")),
-            runtime: pair.prefill.runtime.as_str(),
+            runtime: pair.prefill.runtime().as_str(),
         }
     }
 

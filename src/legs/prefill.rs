@@ -43,7 +43,8 @@ pub enum PrefillEnd {
 pub struct PrefillJob {
     pub client: Arc<LegClient>,
     pub worker: Arc<Worker>,
-    pub path: &'static str,
+    /// Request path (borrowed from the route table unless the worker URL has a path prefix).
+    pub path: std::borrow::Cow<'static, str>,
     pub body: Bytes,
     pub headers: ForwardHeaders,
     /// Keep the 2xx body for the logprob merge.
@@ -125,7 +126,7 @@ async fn run(
     let headers = job.headers.as_slice();
     let req = LegRequest {
         method: "POST",
-        path: job.path,
+        path: &job.path,
         host: &job.worker.address.authority,
         headers,
         body: job.body.clone(),

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use super::intake;
 use super::registry::Registry;
 use super::worker::{Status, Worker};
 use crate::config::HealthSettings;
@@ -93,7 +94,7 @@ impl HealthChecker {
                 headers.push((http::header::AUTHORIZATION, v));
             }
         }
-        let path = health_path(&w.address.base_url, &s.endpoint);
+        let path = w.address.path_for(&s.endpoint);
         let req = LegRequest {
             method: "GET",
             path: &path,
@@ -113,15 +114,6 @@ impl HealthChecker {
             Ok(Some(true))
         )
     }
-}
-
-/// The probe path: the worker URL's own path prefix (if any) followed by the endpoint.
-fn health_path(base_url: &str, endpoint: &str) -> String {
-    let after_scheme = base_url.split_once("://").map_or(base_url, |(_, r)| r);
-    let prefix = after_scheme
-        .find('/')
-        .map_or("", |i| after_scheme[i..].trim_end_matches('/'));
-    format!("{prefix}{endpoint}")
 }
 
 #[async_trait]
@@ -153,10 +145,20 @@ impl BackgroundService for HealthChecker {
                     due.iter().map(|w| Self::probe(&client, w, &self.settings)),
                 )
                 .await;
-                let now = Instant::now();
                 for (w, ok) in due.iter().zip(results) {
+                    // Registration asks the engine what it is before it takes traffic.
+                    if ok && w.needs_discovery() {
+                        let found = intake::discover(&client, w, self.settings.timeout).await;
+                        log::info!(
+                            "worker {} is {} serving {:?}",
+                            w.url(),
+                            found.runtime.as_str(),
+                            found.models
+                        );
+                        w.set_discovered(found);
+                    }
                     if let Some(st) = states.get_mut(&w.id) {
-                        self.apply(w, st, ok, now);
+                        self.apply(w, st, ok, Instant::now());
                     }
                 }
             }
@@ -165,17 +167,5 @@ impl BackgroundService for HealthChecker {
                 _ = tokio::time::sleep(tick) => {}
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn health_path_keeps_url_prefix() {
-        assert_eq!(health_path("http://p:1", "/health"), "/health");
-        assert_eq!(health_path("http://p:1/", "/health"), "/health");
-        assert_eq!(health_path("http://p:1/v2/", "/health"), "/v2/health");
     }
 }

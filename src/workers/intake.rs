@@ -4,19 +4,15 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::Value;
 
 use crate::config::{RuntimeType, WorkerSpec};
 
-use super::worker::{Status, Worker, WorkerAddress};
-
-/// The runtime a spec declares; an unspecified one is SGLang until detection says otherwise
-/// (SMG's fallback for an unresolved runtime).
-pub fn declared_runtime(spec: &WorkerSpec) -> RuntimeType {
-    match spec.runtime_type {
-        RuntimeType::Unspecified => RuntimeType::Sglang,
-        r => r,
-    }
-}
+use super::worker::{Discovered, Status, Worker, WorkerAddress};
+use crate::legs::client::{LegClient, LegRequest};
 
 /// Resolves `host:port` (blocking; for startup, or inside `spawn_blocking`).
 pub fn resolve(address: &WorkerAddress) -> Result<SocketAddr, String> {
@@ -40,9 +36,65 @@ pub fn startup_worker(spec: &WorkerSpec, health_checks: bool) -> Result<Arc<Work
     Ok(Worker::new(
         uuid::Uuid::new_v4().to_string(),
         spec.clone(),
-        declared_runtime(spec),
         address,
         addr,
         initial,
     ))
+}
+
+/// Asks the engine what it is, as SMG's registration does: `GET /v1/models` (`owned_by`
+/// `sglang`/`nvidia` → SGLang, `vllm` → vLLM; the ids are the served models), else `/version`
+/// (answers only on vLLM) and `/server_info` (SGLang). Failures leave the runtime unknown.
+pub async fn discover(client: &LegClient, w: &Worker, timeout: Duration) -> Discovered {
+    let mut found = Discovered::default();
+    if let Some(body) = get_json(client, w, "/v1/models", timeout).await {
+        if let Some(list) = body["data"].as_array() {
+            found.models = list
+                .iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_string))
+                .collect();
+            found.runtime = match list.first().and_then(|m| m["owned_by"].as_str()) {
+                Some("vllm") => RuntimeType::Vllm,
+                Some("sglang") | Some("nvidia") => RuntimeType::Sglang,
+                Some(_) => RuntimeType::Generic,
+                None => RuntimeType::Unspecified,
+            };
+        }
+    }
+    if found.runtime == RuntimeType::Unspecified {
+        if get_json(client, w, "/version", timeout).await.is_some() {
+            found.runtime = RuntimeType::Vllm;
+        } else if get_json(client, w, "/server_info", timeout).await.is_some() {
+            found.runtime = RuntimeType::Sglang;
+        }
+    }
+    found
+}
+
+async fn get_json(client: &LegClient, w: &Worker, path: &str, timeout: Duration) -> Option<Value> {
+    let mut headers = Vec::new();
+    if let Some(key) = &w.spec.api_key {
+        if let Ok(v) = http::HeaderValue::from_str(&format!("Bearer {key}")) {
+            headers.push((http::header::AUTHORIZATION, v));
+        }
+    }
+    let full = w.address.path_for(path);
+    let req = LegRequest {
+        method: "GET",
+        path: &full,
+        host: &w.address.authority,
+        headers: &headers,
+        body: Bytes::new(),
+    };
+    let attempt = async {
+        let mut leg = client.open(&w.peer, &req, timeout).await.ok()?;
+        let ok = leg.is_success();
+        let body = leg.read_to_end(1 << 20).await.ok()?;
+        client.release(leg, &w.peer).await;
+        if !ok {
+            return None;
+        }
+        serde_json::from_slice::<Value>(&body).ok()
+    };
+    tokio::time::timeout(timeout, attempt).await.ok().flatten()
 }

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use pingora::upstreams::peer::HttpPeer;
 use pingora_prometheus::prometheus::IntGauge;
@@ -57,6 +57,8 @@ pub struct WorkerAddress {
     pub port: u16,
     /// `Host` header value for legs.
     pub authority: String,
+    /// The URL's path, without a trailing `/` (usually empty); legs go to `{path_prefix}{route}`.
+    pub path_prefix: String,
     pub tls: bool,
     /// DP rank from a `url@rank` suffix.
     pub dp_rank: Option<u32>,
@@ -76,6 +78,12 @@ impl WorkerAddress {
             ));
         };
         let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        let path_prefix = rest[authority.len()..]
+            .split(['?', '#'])
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('/')
+            .to_string();
         if authority.is_empty() || authority.contains('@') {
             return Err(format!("worker URL `{url}` has no valid host"));
         }
@@ -114,9 +122,19 @@ impl WorkerAddress {
             host: host.to_string(),
             port,
             authority: authority.to_string(),
+            path_prefix,
             tls,
             dp_rank,
         })
+    }
+
+    /// The request path for `route` on this worker.
+    pub fn path_for<'a>(&self, route: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.path_prefix.is_empty() {
+            std::borrow::Cow::Borrowed(route)
+        } else {
+            std::borrow::Cow::Owned(format!("{}{route}", self.path_prefix))
+        }
     }
 
     /// The host for socket resolution (brackets removed).
@@ -137,17 +155,26 @@ fn split_dp_suffix(url: &str) -> (&str, Option<u32>) {
     (url, None)
 }
 
+/// What an engine told us about itself at registration (`/v1/models`, `/version`, `/server_info`).
+#[derive(Clone, Debug, Default)]
+pub struct Discovered {
+    pub runtime: RuntimeType,
+    pub models: Vec<String>,
+}
+
 /// A live worker. Shared (`Arc`) between the registry snapshot, in-flight requests and the
 /// health checker.
 pub struct Worker {
     pub id: String,
     /// The registration as given (validated); `api_key` inside is never echoed.
     pub spec: WorkerSpec,
-    /// The engine, resolved (never `Unspecified`).
-    pub runtime: RuntimeType,
+    /// The declared engine (`Unspecified` when detection decides).
+    declared_runtime: RuntimeType,
     pub address: WorkerAddress,
-    /// Models served; empty means any.
-    pub models: Vec<String>,
+    /// Models declared in the spec; empty means "as discovered", or any.
+    declared_models: Vec<String>,
+    /// What registration learned from the engine (set once, before the worker turns ready).
+    discovered: OnceLock<Discovered>,
     pub peer: HttpPeer,
     status: AtomicU8,
     in_flight: AtomicUsize,
@@ -158,7 +185,6 @@ impl Worker {
     pub fn new(
         id: String,
         spec: WorkerSpec,
-        runtime: RuntimeType,
         address: WorkerAddress,
         addr: SocketAddr,
         initial: Status,
@@ -167,13 +193,14 @@ impl Worker {
         let active_gauge = METRICS
             .worker_requests_active
             .with_label_values(&[spec.url.as_str()]);
-        let models = spec.models.iter().map(|m| m.id.clone()).collect();
+        let declared_models = spec.models.iter().map(|m| m.id.clone()).collect();
         let w = Arc::new(Worker {
             id,
+            declared_runtime: spec.runtime_type,
             spec,
-            runtime,
             address,
-            models,
+            declared_models,
+            discovered: OnceLock::new(),
             peer,
             status: AtomicU8::new(initial as u8),
             in_flight: AtomicUsize::new(0),
@@ -217,11 +244,44 @@ impl Worker {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// The engine: declared, else detected at registration, else SGLang (SMG's fallback for an
+    /// unresolved runtime). Never `Unspecified`.
+    pub fn runtime(&self) -> RuntimeType {
+        match (self.declared_runtime, self.discovered.get()) {
+            (RuntimeType::Unspecified, Some(d)) if d.runtime != RuntimeType::Unspecified => {
+                d.runtime
+            }
+            (RuntimeType::Unspecified, _) => RuntimeType::Sglang,
+            (declared, _) => declared,
+        }
+    }
+
+    /// Models served: declared in the spec, else discovered from the engine; empty = any.
+    pub fn models(&self) -> &[String] {
+        if !self.declared_models.is_empty() {
+            return &self.declared_models;
+        }
+        self.discovered.get().map_or(&[], |d| d.models.as_slice())
+    }
+
+    /// Whether registration still has to ask the engine what it is.
+    pub fn needs_discovery(&self) -> bool {
+        self.discovered.get().is_none()
+            && (self.declared_runtime == RuntimeType::Unspecified
+                || self.declared_models.is_empty())
+    }
+
+    /// Records what registration learned (first call wins).
+    pub fn set_discovered(&self, d: Discovered) {
+        let _ = self.discovered.set(d);
+    }
+
     /// Whether this worker serves `model` (`None`: the client named none).
     pub fn serves(&self, model: Option<&str>) -> bool {
+        let models = self.models();
         match model {
             None => true,
-            Some(m) => self.models.is_empty() || self.models.iter().any(|x| x == m),
+            Some(m) => models.is_empty() || models.iter().any(|x| x == m),
         }
     }
 
@@ -261,6 +321,13 @@ mod tests {
         assert_eq!(a.port, 8000);
         assert_eq!(a.dp_rank, Some(3));
         assert_eq!(a.authority, "10.0.0.5:8000");
+        assert_eq!(a.path_for("/generate"), "/generate");
+    }
+
+    #[test]
+    fn address_keeps_a_path_prefix_for_legs() {
+        let a = WorkerAddress::parse("http://p:1/v2/").unwrap();
+        assert_eq!(a.path_for("/health"), "/v2/health");
     }
 
     #[test]

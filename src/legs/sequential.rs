@@ -1,0 +1,315 @@
+//! Sequential dispatch (vLLM): the prefill leg first, capped at one token and tagged for the
+//! prefill's KV connector; then the decode leg with `kv_transfer_params` — relayed verbatim from
+//! the prefill (NIXL, passthrough) or minted by the gateway (Mooncake, which pushes the KV and
+//! returns nothing).
+//!
+//! Fallbacks (decode recomputes the prompt), as the spec lists them: a NIXL prefill that returns
+//! no params (counted in `smg_pd_kv_transfer_failures_total`), Mooncake without a KV engine id,
+//! and `n > 1` (the handoff is single-consumer, so no prefill leg is sent at all).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pdgate_filters::errors::{upstream_error_message, ErrorCode};
+use pdgate_filters::handoff::vllm::{self, Connector, TRANSFER_ID_PREFIX};
+use pingora::proxy::Session;
+
+use super::client::{LegErrorKind, LegRequest, OpenLeg};
+use super::dispatch::Attempt;
+use super::parallel::{decode_refusal, transport_refusal, PdLabels};
+use super::relay::{relay, RelayEnd, RelayPlan};
+use super::request::PdRequest;
+use crate::config::label;
+use crate::gateway::Gateway;
+use crate::metrics::METRICS;
+use crate::proxy::ctx::RequestCtx;
+use crate::reply::Reply;
+use crate::workers::select::Pair;
+use crate::workers::Worker;
+
+/// The prefill's KV engine id as a Mooncake decode must name it: `<id>` or, under DP > 1,
+/// `<id>_dp<rank>` (which needs a pinned rank). `None` — no minting, decode recomputes — when
+/// the id is unknown or empty, the DP size does not parse as a positive integer (fail closed),
+/// or DP > 1 without a rank.
+pub fn mooncake_engine_id(worker: &Worker) -> Option<String> {
+    let base = worker
+        .spec
+        .kv_engine_id
+        .as_deref()
+        .filter(|id| !id.is_empty())?;
+    let dp_size = match (worker.spec.dp_size, worker.spec.labels.get(label::DP_SIZE)) {
+        (Some(n), _) => n,
+        (None, Some(text)) => text.trim().parse::<u32>().ok().filter(|n| *n > 0)?,
+        (None, None) => 1,
+    };
+    if dp_size <= 1 {
+        return Some(base.to_string());
+    }
+    let rank = worker.spec.dp_rank.or(worker.address.dp_rank)?;
+    Some(format!("{base}_dp{rank}"))
+}
+
+/// A fresh Mooncake transfer id: `xfer-<UUIDv7>`.
+pub fn mint_transfer_id() -> String {
+    format!("{TRANSFER_ID_PREFIX}{}", uuid::Uuid::now_v7())
+}
+
+/// How the handoff of this attempt is done.
+enum Plan {
+    /// Tag the prefill with this; relay what it returns.
+    Relay(Option<&'static [u8]>),
+    /// Mooncake: tag the prefill with the transfer id; mint the decode's params.
+    Mint {
+        prefill_tag: Vec<u8>,
+        decode_params: Vec<u8>,
+    },
+    /// No handoff; decode recomputes (Mooncake without an engine id).
+    Recompute,
+}
+
+fn plan(connector: Connector, prefill: &Worker) -> Plan {
+    match connector {
+        Connector::Nixl => Plan::Relay(Some(vllm::NIXL_PREFILL_TAG.as_bytes())),
+        Connector::Mooncake => match mooncake_engine_id(prefill) {
+            Some(engine_id) => {
+                let id = mint_transfer_id();
+                let addr = vllm::mooncake_bootstrap_addr(
+                    &prefill.address.host,
+                    prefill.spec.bootstrap_port,
+                );
+                Plan::Mint {
+                    prefill_tag: vllm::mooncake_prefill_tag(&id),
+                    decode_params: vllm::mooncake_decode_params(&id, &engine_id, &addr),
+                }
+            }
+            None => {
+                log::warn!(
+                    "Mooncake prefill {} has no usable kv_engine_id; decode recomputes the prompt",
+                    prefill.url()
+                );
+                Plan::Recompute
+            }
+        },
+        // MoRI-IO pairs never reach here (they are refused or handled by their own path);
+        // anything else is passthrough: no tag, relay whatever comes back.
+        Connector::MoriIo | Connector::Passthrough => Plan::Relay(None),
+    }
+}
+
+pub async fn attempt(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &PdRequest,
+    pair: &Pair,
+) -> Attempt {
+    let s = &gw.settings;
+    let connector = Connector::from_name(pair.prefill.spec.kv_connector.as_deref());
+    METRICS
+        .pd_kv_connector_mode
+        .with_label_values(&[connector.mode_label()])
+        .inc();
+    let labels = PdLabels::new(ctx, pair);
+    let dispatched = Instant::now();
+    let headers = req.forward.as_slice();
+    let route_path = req.route.upstream_path();
+    // The prefill worker counts this attempt even when n>1 skips its leg (SMG's accounting).
+    let prefill_in_flight = pair.prefill.track();
+
+    let decode_params: Option<Bytes> = if req.facts.n > 1 {
+        None
+    } else {
+        let plan = plan(connector, &pair.prefill);
+        let (tag, minted): (Option<Bytes>, Option<Bytes>) = match plan {
+            Plan::Relay(tag) => (tag.map(Bytes::from_static), None),
+            Plan::Mint {
+                prefill_tag,
+                decode_params,
+            } => (Some(prefill_tag.into()), Some(decode_params.into())),
+            Plan::Recompute => (None, None),
+        };
+        let body = Bytes::from(vllm::prefill_leg_body(
+            req.route,
+            &req.body,
+            &req.top,
+            tag.as_deref(),
+        ));
+        let prefill_path = pair.prefill.address.path_for(route_path);
+        let prefill_req = LegRequest {
+            method: "POST",
+            path: &prefill_path,
+            host: &pair.prefill.address.authority,
+            headers,
+            body,
+        };
+        let response = tokio::select! {
+            r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size) => r,
+            _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
+        };
+        let response = match response {
+            Ok(b) => b,
+            Err(reply) => return Attempt::Refused(reply),
+        };
+        METRICS
+            .pd_prefill_duration
+            .with_label_values(&labels.as_array())
+            .observe(dispatched.elapsed().as_secs_f64());
+        match (minted, connector) {
+            (Some(m), _) => Some(m),
+            (None, Connector::Mooncake) => None,
+            (None, _) => {
+                let harvested = vllm::harvest_kv_transfer_params(&response);
+                if harvested.is_none() && connector == Connector::Nixl {
+                    METRICS.pd_kv_transfer_failures.inc();
+                    log::warn!(
+                        "NIXL prefill {} returned no kv_transfer_params; decode recomputes the prompt",
+                        pair.prefill.url()
+                    );
+                }
+                harvested.map(|p| response.slice_ref(p))
+            }
+        }
+    };
+    drop(prefill_in_flight);
+    log::debug!(
+        "request {} pair {} -> {} connector={} kv_transfer_params {}",
+        ctx.request_id,
+        pair.prefill.url(),
+        pair.decode.url(),
+        connector.mode_label(),
+        if decode_params.is_some() {
+            "relayed"
+        } else {
+            "absent"
+        }
+    );
+
+    let prefill_done = Instant::now();
+    let _decode_in_flight = pair.decode.track();
+    let decode_path = pair.decode.address.path_for(route_path);
+    let decode_req = LegRequest {
+        method: "POST",
+        path: &decode_path,
+        host: &pair.decode.address.authority,
+        headers,
+        body: Bytes::from(vllm::decode_leg_body(
+            &req.body,
+            &req.top,
+            decode_params.as_deref(),
+        )),
+    };
+    METRICS
+        .pd_kv_transfer_duration
+        .with_label_values(&labels.as_array())
+        .observe(prefill_done.elapsed().as_secs_f64());
+    let head_timeout = if req.facts.stream {
+        s.decode_first_byte_timeout
+    } else {
+        s.request_timeout
+    };
+    let opened = tokio::select! {
+        r = gw.client.open(&pair.decode.peer, &decode_req, head_timeout) => r,
+        _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
+    };
+    let decode = match opened {
+        Err(e) if e.kind == LegErrorKind::Timeout => {
+            return Attempt::Refused(transport_refusal("decode", &e))
+        }
+        Err(e) => {
+            return Attempt::Refused(
+                Reply::error(
+                    ErrorCode::DecodeRequestFailed,
+                    format!("Decode transport error: {e}"),
+                )
+                .retryable(true),
+            )
+        }
+        Ok(leg) if !leg.is_success() => {
+            return Attempt::Refused(decode_refusal(leg, req.facts.stream).await)
+        }
+        Ok(leg) => leg,
+    };
+    finish(gw, session, ctx, req, pair, decode, dispatched, labels).await
+}
+
+/// Sends the prefill leg and reads its whole (small) response.
+async fn prefill_round_trip(
+    gw: &Gateway,
+    worker: &Worker,
+    req: &LegRequest<'_>,
+    head_timeout: Duration,
+    limit: usize,
+) -> Result<Bytes, Reply> {
+    let mut leg = match gw.client.open(&worker.peer, req, head_timeout).await {
+        Ok(leg) => leg,
+        Err(e) if e.kind == LegErrorKind::Timeout => return Err(transport_refusal("prefill", &e)),
+        Err(e) => {
+            return Err(Reply::error(
+                ErrorCode::PrefillRequestFailed,
+                format!("Prefill transport error: {e}"),
+            )
+            .retryable(true))
+        }
+    };
+    leg.set_read_timeout(Some(head_timeout));
+    let status = leg.status();
+    let body = match leg.read_to_end(limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(Reply::error(
+                ErrorCode::PrefillReadFailed,
+                format!("Prefill response could not be read: {e}"),
+            )
+            .retryable(true))
+        }
+    };
+    if !leg.is_success() {
+        // The prefill's own status goes to the client (a 429 stays a 429).
+        return Err(Reply::error_with_status(
+            status,
+            ErrorCode::PrefillUpstreamError,
+            upstream_error_message(&body),
+        )
+        .retryable(true));
+    }
+    gw.client.release(leg, &worker.peer).await;
+    Ok(body)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &PdRequest,
+    pair: &Pair,
+    decode: OpenLeg,
+    dispatched: Instant,
+    labels: PdLabels,
+) -> Attempt {
+    let s = &gw.settings;
+    let plan = RelayPlan {
+        streaming: req.facts.stream,
+        // No prefill body to merge from; a logprob request still gets a JSON body built by us.
+        logprobs: req.facts.logprobs.then_some(None),
+        dispatched,
+        decode_url: pair.decode.url(),
+        body_limit: s.max_payload_size,
+        stall_timeout: s.stream_idle_timeout,
+    };
+    let (end, reusable) = relay(session, ctx, decode, plan).await;
+    if let Some(ttft) = ctx.ttft {
+        METRICS
+            .pd_ttft
+            .with_label_values(&labels.as_array())
+            .observe(ttft.as_secs_f64());
+    }
+    if let Some(leg) = reusable {
+        gw.client.release(leg, &pair.decode.peer).await;
+    }
+    match end {
+        RelayEnd::Complete => Attempt::Answered,
+        RelayEnd::ClientGone => Attempt::ClientGone,
+        RelayEnd::CutShort(why) => Attempt::CutShort(why),
+    }
+}
