@@ -24,11 +24,17 @@ pub struct Settings {
     pub stream_idle_timeout: Duration,
     pub api_key: Option<String>,
     /// Without an API key, peers allowed to call mutating admin routes (default: loopback).
-    pub admin_trusted: Vec<crate::admin::auth::IpNet>,
+    pub admin_trusted: Vec<crate::config::IpNet>,
     /// Request-id headers, lowercase, checked in order.
     pub request_id_headers: Vec<String>,
     pub retry: RetrySettings,
     pub dp_aware: bool,
+    /// Whether the worker API is served on a separate admin listener (not on the data port).
+    pub separate_admin: bool,
+    /// Whether workers are probed (otherwise they are ready on registration).
+    pub health_checks: bool,
+    /// How long a removed worker drains before it leaves the registry.
+    pub drain_settle: Duration,
     pub pool_size: usize,
     /// Idle lifetime of a pooled engine connection (`None`: unlimited).
     pub pool_idle: Option<Duration>,
@@ -54,10 +60,15 @@ impl Settings {
             decode_first_byte_timeout: t.decode_first_byte,
             stream_idle_timeout: t.stream_idle,
             api_key: cfg.api_key.clone().filter(|k| !k.is_empty()),
-            admin_trusted: crate::admin::auth::IpNet::loopback(),
+            admin_trusted: cfg
+                .admin_trusted_nets()
+                .unwrap_or_else(|_| crate::config::IpNet::loopback()),
             request_id_headers: cfg.request_id_header_names(),
             retry: cfg.retry(),
             dp_aware: cfg.dp_aware,
+            separate_admin: cfg.admin_addr().is_some(),
+            health_checks: cfg.health().enabled,
+            drain_settle: cfg.health().drain_settle,
             pool_size: 256,
             pool_idle: t.upstream_pool_idle,
         }

@@ -12,7 +12,7 @@ use pingora::services::background::background_service;
 
 use crate::config::LoadedConfig;
 use crate::gateway::{Gateway, Settings};
-use crate::proxy::PdGateway;
+use crate::proxy::{Listener, PdGateway};
 use crate::workers::health::HealthChecker;
 use crate::workers::intake;
 use crate::workers::select::LegPolicies;
@@ -31,6 +31,7 @@ impl std::fmt::Display for BuildError {
 /// Builds (but does not run) the server.
 pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     crate::metrics::init();
+    let startup: Vec<_> = loaded.startup_workers().cloned().collect();
     let LoadedConfig {
         server_conf,
         gateway: cfg,
@@ -39,7 +40,7 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     let settings = Settings::from_config(&cfg);
     let registry = Arc::new(Registry::new());
     let health = cfg.health();
-    for spec in &cfg.workers {
+    for spec in &startup {
         let worker = intake::startup_worker(spec, health.enabled)
             .map_err(|e| BuildError(format!("worker {}: {e}", spec.url)))?;
         registry
@@ -55,13 +56,27 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
-        &server.configuration,
-        PdGateway { gw },
-        "pdgate",
-    );
+    let data = PdGateway {
+        gw: gw.clone(),
+        listener: Listener::Data,
+    };
+    let mut proxy =
+        pingora::proxy::http_proxy_service_with_name(&server.configuration, data, "pdgate");
     proxy.add_tcp(&cfg.listen_addr());
     server.add_service(proxy);
+    if let Some(addr) = cfg.admin_addr() {
+        let admin = PdGateway {
+            gw,
+            listener: Listener::Admin,
+        };
+        let mut service = pingora::proxy::http_proxy_service_with_name(
+            &server.configuration,
+            admin,
+            "pdgate admin",
+        );
+        service.add_tcp(&addr);
+        server.add_service(service);
+    }
 
     let mut prometheus = pingora_prometheus::prometheus_http_service();
     prometheus.add_tcp(&cfg.prometheus_addr());

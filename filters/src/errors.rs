@@ -103,6 +103,8 @@ catalogue! {
     NotImplemented = "not_implemented", 501;
     /// Admin API without valid credentials.
     Unauthorized = "unauthorized", 401;
+    /// A mutating admin call from a peer that is not trusted (no API key configured).
+    Forbidden = "forbidden", 403;
     /// The client did not send its body in time.
     RequestTimeout = "request_timeout", 408;
     /// A leg missed its deadline.

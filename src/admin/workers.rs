@@ -1,29 +1,75 @@
-//! The worker API (`/workers`, `/workers/{id}`), SMG's shapes. The registered `api_key` of a
-//! worker is never echoed.
+//! The worker API (`/workers`, `/workers/{id}`), SMG's routes and shapes:
+//! `POST` registers (202, probed in the background, routed to only once healthy), `GET` lists or
+//! shows, `PATCH`/`PUT` change a registration, `DELETE` drains then removes. Errors use SMG's
+//! admin body `{"error": "...", "code": "..."}`. A worker's `api_key` is never echoed.
+//!
+//! Who may mutate: see [`super::auth`] (API key when set; loopback peers otherwise).
 
-use pdgate_filters::errors::ErrorCode;
+use bytes::Bytes;
+use pdgate_filters::errors::{render_admin_error, ErrorCode};
 use pingora::proxy::Session;
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 
-use crate::config::WorkerType;
+use super::auth;
+use crate::config::{WorkerSpec, WorkerType};
 use crate::gateway::Gateway;
+use crate::proxy::body::read_body;
 use crate::proxy::routes::Endpoint;
-use crate::reply::Reply;
-use crate::workers::Worker;
+use crate::reply::{Reply, JSON};
+use crate::workers::registry::RegisterError;
+use crate::workers::{intake, Status, Worker};
 
-pub async fn handle(gw: &Gateway, session: &mut Session, endpoint: &Endpoint) -> Reply {
+/// Largest worker spec accepted.
+const SPEC_LIMIT: usize = 1 << 20;
+
+pub async fn handle(gw: &Arc<Gateway>, session: &mut Session, endpoint: &Endpoint) -> Reply {
     let method = session.req_header().method.clone();
+    let mutating = method != http::Method::GET && method != http::Method::HEAD;
+    if mutating && !auth::may_mutate(&gw.settings, session) {
+        session.set_keepalive(None);
+        return if gw.settings.api_key.is_some() {
+            admin_error(ErrorCode::Unauthorized, "missing or invalid API key")
+        } else {
+            admin_error(
+                ErrorCode::Forbidden,
+                "worker changes are accepted only from trusted (loopback) peers when no api_key is configured",
+            )
+        };
+    }
     match (endpoint, method) {
         (Endpoint::Workers, http::Method::GET) => {
             let model = query_param(session.req_header().uri.query(), "model");
             list(gw, model.as_deref())
         }
-        (Endpoint::Worker(id), http::Method::GET) => get(gw, id),
-        _ => Reply::error(
-            ErrorCode::NotImplemented,
-            "worker registration changes are not available yet",
-        ),
+        (Endpoint::Workers, http::Method::POST) => match read_spec(gw, session).await {
+            Ok(spec) => register(gw, spec).await,
+            Err(r) => r,
+        },
+        (Endpoint::Worker(id), http::Method::GET) => match lookup(gw, id) {
+            Ok(w) => Reply::json(200, worker_json(&w).to_string()),
+            Err(r) => r,
+        },
+        (Endpoint::Worker(id), http::Method::DELETE) => remove(gw, id),
+        (Endpoint::Worker(id), http::Method::PATCH) => {
+            let body = match read_body(session, SPEC_LIMIT, gw.settings.body_read_timeout).await {
+                Ok(b) => b,
+                Err(r) => return r.reply,
+            };
+            patch(gw, id, &body).await
+        }
+        (Endpoint::Worker(id), http::Method::PUT) => match read_spec(gw, session).await {
+            Ok(spec) => replace(gw, id, spec).await,
+            Err(r) => r,
+        },
+        _ => admin_error(ErrorCode::MethodNotAllowed, "method not allowed"),
     }
+}
+
+fn admin_error(code: ErrorCode, message: &str) -> Reply {
+    let mut r = Reply::body(code.status(), JSON, render_admin_error(code, message));
+    r.error_code = Some(code.as_str());
+    r
 }
 
 fn query_param(query: Option<&str>, key: &str) -> Option<String> {
@@ -34,7 +80,210 @@ fn query_param(query: Option<&str>, key: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
-/// One worker as `GET /workers` shows it (optional keys omitted when empty).
+async fn read_spec(gw: &Gateway, session: &mut Session) -> Result<WorkerSpec, Reply> {
+    let body = read_body(session, SPEC_LIMIT, gw.settings.body_read_timeout)
+        .await
+        .map_err(|r| r.reply)?;
+    let spec = WorkerSpec::from_json(&body)
+        .map_err(|e| admin_error(ErrorCode::BadRequest, &e.to_string()))?;
+    check_spec(&spec)?;
+    Ok(spec)
+}
+
+/// What pdgate accepts as a worker: a valid spec for an `http(s)://` prefill or decode leg.
+fn check_spec(spec: &WorkerSpec) -> Result<(), Reply> {
+    spec.validate()
+        .map_err(|e| admin_error(ErrorCode::BadRequest, &e.to_string()))?;
+    if !matches!(spec.worker_type, WorkerType::Prefill | WorkerType::Decode) {
+        return Err(admin_error(
+            ErrorCode::BadRequest,
+            &format!(
+                "worker_type `{}` is not served: pdgate routes prefill and decode workers only",
+                spec.worker_type.as_str()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Builds the live worker (resolving its host off the reactor) in `pending` state, or `ready`
+/// when health checks are disabled.
+async fn build_worker(gw: &Gateway, id: String, spec: WorkerSpec) -> Result<Arc<Worker>, Reply> {
+    let address = crate::workers::WorkerAddress::parse(&spec.url)
+        .map_err(|e| admin_error(ErrorCode::BadRequest, &e))?;
+    let lookup = address.clone();
+    let addr = tokio::task::spawn_blocking(move || intake::resolve(&lookup))
+        .await
+        .map_err(|e| admin_error(ErrorCode::InternalServerError, &e.to_string()))?
+        .map_err(|e| admin_error(ErrorCode::BadRequest, &e))?;
+    let initial = if gw.settings.health_checks {
+        Status::Pending
+    } else {
+        Status::Ready
+    };
+    Ok(Worker::new(id, spec, address, addr, initial))
+}
+
+async fn register(gw: &Gateway, spec: WorkerSpec) -> Reply {
+    let snap = gw.registry.snapshot();
+    if let Some(existing) = snap.by_url(&spec.url) {
+        return duplicate(&spec.url, &existing.id);
+    }
+    let id = uuid::Uuid::new_v4().to_string();
+    let worker = match build_worker(gw, id.clone(), spec).await {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    let url = worker.url().to_string();
+    match gw.registry.add(worker.clone()) {
+        Ok(()) => {}
+        Err(RegisterError::Duplicate(existing)) => return duplicate(&url, &existing),
+    }
+    gw.policies.load().worker_added(&worker);
+    log::info!(
+        "worker {url} ({}) registered as {id}",
+        worker.role().as_str()
+    );
+    let location = format!("/workers/{id}");
+    Reply::json(
+        202,
+        json!({
+            "status": "accepted",
+            "worker_id": id,
+            "url": url,
+            "location": location,
+            "message": "Worker addition queued for background processing",
+        })
+        .to_string(),
+    )
+    .with_header("location", location)
+}
+
+fn duplicate(url: &str, id: &str) -> Reply {
+    admin_error(
+        ErrorCode::WorkerAlreadyExists,
+        &format!("Worker already exists at URL '{url}' with ID {id}. Use PUT /workers/{id} or PATCH /workers/{id} to change it"),
+    )
+}
+
+/// The worker named by `id`: 400 for a malformed id, 404 for an unknown one.
+fn lookup(gw: &Gateway, id: &str) -> Result<Arc<Worker>, Reply> {
+    if uuid::Uuid::parse_str(id).is_err() {
+        return Err(admin_error(
+            ErrorCode::BadRequest,
+            &format!("`{id}` is not a worker id (a UUID)"),
+        ));
+    }
+    gw.registry
+        .snapshot()
+        .by_id(id)
+        .cloned()
+        .ok_or_else(|| admin_error(ErrorCode::WorkerNotFound, &format!("Worker {id} not found")))
+}
+
+/// Stops routing to the worker at once (`draining`), removes it after `drain_settle`. Requests
+/// already on it finish normally: they hold their own reference.
+fn remove(gw: &Arc<Gateway>, id: &str) -> Reply {
+    let w = match lookup(gw, id) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    {
+        w.set_status(Status::Draining);
+        let (gw2, w2) = (gw.clone(), w.clone());
+        let settle = gw.settings.drain_settle;
+        tokio::spawn(async move {
+            tokio::time::sleep(settle).await;
+            if gw2.registry.remove(&w2.id).is_some() {
+                gw2.policies.load().worker_removed(&w2);
+                log::info!("worker {} removed", w2.url());
+            }
+        });
+        Reply::json(
+            202,
+            json!({
+                "status": "accepted",
+                "worker_id": w.id,
+                "message": "Worker removal queued for background processing",
+            })
+            .to_string(),
+        )
+    }
+}
+
+/// `PATCH`: `priority`, `cost`, `labels` (merged), `api_key`, `health`. The worker is re-created
+/// with the same id and live state; requests in flight keep the old registration.
+async fn patch(gw: &Gateway, id: &str, body: &Bytes) -> Reply {
+    let patch: Value = match serde_json::from_slice(body) {
+        Ok(Value::Object(m)) => Value::Object(m),
+        Ok(_) => return admin_error(ErrorCode::BadRequest, "the body must be a JSON object"),
+        Err(e) => return admin_error(ErrorCode::BadRequest, &format!("invalid JSON: {e}")),
+    };
+    let current = match lookup(gw, id) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    let mut spec_json = match serde_json::to_value(&current.spec) {
+        Ok(v) => v,
+        Err(e) => return admin_error(ErrorCode::InternalServerError, &e.to_string()),
+    };
+    // The serialized spec redacts the key; keep the real one unless the patch sets one.
+    spec_json["api_key"] = json!(current.spec.api_key);
+    for key in ["priority", "cost", "api_key", "health"] {
+        if let Some(v) = patch.get(key) {
+            spec_json[key] = v.clone();
+        }
+    }
+    if let Some(Value::Object(labels)) = patch.get("labels") {
+        let mut merged = spec_json["labels"].as_object().cloned().unwrap_or_default();
+        for (k, v) in labels {
+            merged.insert(k.clone(), v.clone());
+        }
+        spec_json["labels"] = Value::Object(merged);
+    }
+    let spec = match serde_json::from_value::<WorkerSpec>(spec_json) {
+        Ok(s) => s,
+        Err(e) => return admin_error(ErrorCode::BadRequest, &format!("invalid worker spec: {e}")),
+    };
+    swap_in(gw, &current, spec).await
+}
+
+/// `PUT`: a whole new spec for the same URL.
+async fn replace(gw: &Gateway, id: &str, spec: WorkerSpec) -> Reply {
+    let current = match lookup(gw, id) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    if spec.url != current.spec.url {
+        return admin_error(
+            ErrorCode::BadRequest,
+            "PUT keeps the worker's URL; register a new worker for another URL",
+        );
+    }
+    swap_in(gw, &current, spec).await
+}
+
+async fn swap_in(gw: &Gateway, current: &Arc<Worker>, spec: WorkerSpec) -> Reply {
+    if let Err(r) = check_spec(&spec) {
+        return r;
+    }
+    let worker = match build_worker(gw, current.id.clone(), spec).await {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    worker.inherit_state(current);
+    gw.registry.replace(worker.clone());
+    let policies = gw.policies.load();
+    policies.worker_removed(current);
+    policies.worker_added(&worker);
+    Reply::json(
+        202,
+        json!({"status": "accepted", "worker_id": worker.id, "message": "Worker update applied"})
+            .to_string(),
+    )
+}
+
+/// One worker as `GET /workers` shows it (optional keys omitted when empty; never the api_key).
 pub fn worker_json(w: &Worker) -> Value {
     let spec = &w.spec;
     let mut m = Map::new();
@@ -44,6 +293,16 @@ pub fn worker_json(w: &Worker) -> Value {
         json!(w.models().first().map_or("unknown", String::as_str)),
     );
     m.insert("url".into(), json!(spec.url));
+    if !w.models().is_empty() {
+        m.insert(
+            "models".into(),
+            json!(w
+                .models()
+                .iter()
+                .map(|id| json!({"id": id}))
+                .collect::<Vec<_>>()),
+        );
+    }
     m.insert("worker_type".into(), json!(spec.worker_type.as_str()));
     m.insert("connection_mode".into(), json!("http"));
     m.insert("runtime_type".into(), json!(w.runtime().as_str()));
@@ -61,7 +320,7 @@ pub fn worker_json(w: &Worker) -> Value {
     if let Some(e) = &spec.kv_engine_id {
         m.insert("kv_engine_id".into(), json!(e));
     }
-    if let Some(r) = w.address.dp_rank {
+    if let Some(r) = w.address.dp_rank.or(spec.dp_rank) {
         m.insert("dp_rank".into(), json!(r));
     }
     if let Some(s) = spec.dp_size {
@@ -79,7 +338,7 @@ pub fn worker_json(w: &Worker) -> Value {
 
 fn list(gw: &Gateway, model: Option<&str>) -> Reply {
     let snap = gw.registry.snapshot();
-    let shown: Vec<&std::sync::Arc<Worker>> = snap
+    let shown: Vec<&Arc<Worker>> = snap
         .all
         .iter()
         .filter(|w| model.is_none_or(|m| w.serves(Some(m))))
@@ -95,17 +354,4 @@ fn list(gw: &Gateway, model: Option<&str>) -> Reply {
         },
     });
     Reply::json(200, body.to_string())
-}
-
-fn get(gw: &Gateway, id: &str) -> Reply {
-    if uuid::Uuid::parse_str(id).is_err() {
-        return Reply::error(
-            ErrorCode::InvalidRequest,
-            format!("`{id}` is not a worker id (UUID)"),
-        );
-    }
-    match gw.registry.snapshot().by_id(id) {
-        Some(w) => Reply::json(200, worker_json(w).to_string()),
-        None => Reply::error(ErrorCode::WorkerNotFound, format!("no worker with id {id}")),
-    }
 }

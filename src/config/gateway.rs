@@ -351,6 +351,11 @@ pub struct GatewayConfig {
     #[serde(serialize_with = "redact_secret")]
     pub api_key: Option<String>,
 
+    /// pdgate: without api_key, the peers (IPs or CIDR blocks) allowed to change workers or
+    /// reload; empty = loopback only (127.0.0.0/8 and ::1).
+    #[arg(long, num_args = 1.., help_heading = "Request Handling")]
+    pub admin_trusted: Vec<String>,
+
     /// Largest request body accepted, bytes (larger → 413).
     #[arg(long, default_value_t = defaults::MAX_PAYLOAD_SIZE, help_heading = "Request Handling")]
     pub max_payload_size: usize,
@@ -592,6 +597,17 @@ impl GatewayConfig {
         self.routing_key_headers
             .iter()
             .map(|h| h.to_ascii_lowercase())
+            .collect()
+    }
+
+    /// Peers trusted with admin changes when no api_key is set (default: loopback).
+    pub fn admin_trusted_nets(&self) -> Result<Vec<super::IpNet>, String> {
+        if self.admin_trusted.is_empty() {
+            return Ok(super::IpNet::loopback());
+        }
+        self.admin_trusted
+            .iter()
+            .map(|s| super::IpNet::parse(s))
             .collect()
     }
 

@@ -15,6 +15,7 @@ mod error;
 mod file;
 mod gateway;
 mod launch;
+mod net;
 mod reload;
 mod validate;
 mod views;
@@ -35,6 +36,7 @@ pub use gateway::{
 pub use launch::{
     normalize_launch_argv, Disposition, LaunchArgs, SmgOnlyFlags, StartupWorkerArg, SMG_ONLY_FLAGS,
 };
+pub use net::IpNet;
 pub use reload::restart_required;
 pub use validate::validate;
 pub use views::{

@@ -306,6 +306,7 @@ const EVERY_KEY: &str = "
   worker_overload_waiting_requests: 12
   worker_overload_token_usage: 0.75
   api_key: sekret
+  admin_trusted: [10.0.0.0/8, 192.168.0.1]
   max_payload_size: 1024
   request_timeout_secs: 900
   upstream_pool_idle_timeout_secs: 2

@@ -177,6 +177,8 @@ pub(crate) fn refuse_duplicate_urls<'a>(
 }
 
 fn validate_listeners(cfg: &GatewayConfig) -> Result<(), ConfigError> {
+    cfg.admin_trusted_nets()
+        .map_err(|e| ConfigError::invalid_key("admin_trusted", e))?;
     for (key, host) in [
         ("host", Some(&cfg.host)),
         ("prometheus_host", Some(&cfg.prometheus_host)),

@@ -31,8 +31,19 @@ use crate::gateway::Gateway;
 use crate::reply::{self, Reply};
 use ctx::RequestCtx;
 
+/// Which routes a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// The serving port: PD routes, health, and (unless a separate admin listener exists) the
+    /// worker API.
+    Data,
+    /// The separate admin listener: health and the worker API only.
+    Admin,
+}
+
 pub struct PdGateway {
     pub gw: Arc<Gateway>,
+    pub listener: Listener,
 }
 
 #[async_trait]
@@ -48,7 +59,7 @@ impl ProxyHttp for PdGateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        request_filter::run(&self.gw, session, ctx).await
+        request_filter::run(&self.gw, self.listener, session, ctx).await
     }
 
     async fn upstream_peer(

@@ -12,6 +12,7 @@ use pingora::{Error, ErrorType};
 use super::body::read_body;
 use super::ctx::RequestCtx;
 use super::routes::{self, Endpoint, RouteRefusal};
+use super::Listener;
 use crate::admin;
 use crate::gateway::Gateway;
 use crate::legs::dispatch::{self, Served};
@@ -21,12 +22,27 @@ use crate::workers::select::is_available;
 
 pub async fn run(
     gw: &Arc<Gateway>,
+    listener: Listener,
     session: &mut Session,
     ctx: &mut RequestCtx,
 ) -> pingora::Result<bool> {
     let method = session.req_header().method.clone();
     let path = session.req_header().uri.path().to_string();
-    let endpoint = routes::resolve(&method, &path);
+    let endpoint = routes::resolve(&method, &path).and_then(|e| {
+        // With a separate admin listener, the worker API lives there and PD routes stay here.
+        let served = match (listener, &e) {
+            (Listener::Admin, Endpoint::Pd(_) | Endpoint::CountTokens | Endpoint::NotInPd) => false,
+            (Listener::Data, Endpoint::Workers | Endpoint::Worker(_)) => {
+                !gw.settings.separate_admin
+            }
+            _ => true,
+        };
+        if served {
+            Ok(e)
+        } else {
+            Err(RouteRefusal::NotFound)
+        }
+    });
     ctx.request_id = request_id(gw, session, endpoint.as_ref().ok());
 
     let endpoint = match endpoint {

@@ -87,6 +87,19 @@ impl Registry {
         Ok(())
     }
 
+    /// Replaces the worker with the same id (a changed registration), keeping its position.
+    pub fn replace(&self, worker: Arc<Worker>) -> bool {
+        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.current.load();
+        let Some(pos) = cur.all.iter().position(|w| w.id == worker.id) else {
+            return false;
+        };
+        let mut all = cur.all.clone();
+        all[pos] = worker;
+        self.current.store(Arc::new(Snapshot::build(all)));
+        true
+    }
+
     /// Removes a worker by id; returns it if it was registered. In-flight requests keep their
     /// `Arc` and finish normally.
     pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {

@@ -271,6 +271,15 @@ impl Worker {
                 || self.declared_models.is_empty())
     }
 
+    /// Carries the live state of the registration this one replaces (PATCH/PUT): status and
+    /// what discovery learned.
+    pub fn inherit_state(&self, old: &Worker) {
+        self.set_status(old.status());
+        if let Some(d) = old.discovered.get() {
+            self.set_discovered(d.clone());
+        }
+    }
+
     /// Records what registration learned (first call wins).
     pub fn set_discovered(&self, d: Discovered) {
         let _ = self.discovered.set(d);

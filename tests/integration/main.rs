@@ -4,3 +4,4 @@
 mod cli;
 mod harness;
 mod sglang;
+mod workers;
