@@ -446,7 +446,7 @@ pub(crate) async fn run_prefill_item(
     drop(guard);
     shared.counters.handoff("ok");
     shared.record_item(ctx.seq, item.index, |h| {
-        h.kv_source = Some("computed".into());
+        h.kv_source = Some("none".into());
         h.prompt_digest = Some(payload.prompt_digest.clone());
         h.integrity = Some("n/a".into());
     });
