@@ -313,3 +313,85 @@ async fn finish(
         RelayEnd::CutShort(why) => Attempt::CutShort(why),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{WorkerSpec, WorkerType};
+    use crate::workers::{Status, WorkerAddress};
+
+    fn worker(
+        url: &str,
+        engine_id: Option<&str>,
+        dp_size: Option<u32>,
+        dp_label: Option<&str>,
+    ) -> Arc<Worker> {
+        let mut spec = WorkerSpec::new(url, WorkerType::Prefill);
+        spec.kv_engine_id = engine_id.map(str::to_string);
+        spec.dp_size = dp_size;
+        if let Some(l) = dp_label {
+            spec.labels.insert(label::DP_SIZE.into(), l.into());
+        }
+        let address = WorkerAddress::parse(url).unwrap();
+        Worker::new(
+            "id".into(),
+            spec,
+            address,
+            "127.0.0.1:1".parse().unwrap(),
+            Status::Ready,
+        )
+    }
+
+    use std::sync::Arc;
+
+    #[test]
+    fn mooncake_engine_id_is_the_registered_one_without_dp() {
+        assert_eq!(
+            mooncake_engine_id(&worker("http://p:1", Some("eng"), None, None)).as_deref(),
+            Some("eng")
+        );
+        assert_eq!(
+            mooncake_engine_id(&worker("http://p:1", Some(""), None, None)),
+            None
+        );
+        assert_eq!(
+            mooncake_engine_id(&worker("http://p:1", None, None, None)),
+            None
+        );
+    }
+
+    #[test]
+    fn mooncake_engine_id_under_dp_needs_a_pinned_rank() {
+        assert_eq!(
+            mooncake_engine_id(&worker("http://p:1@1", Some("eng"), Some(2), None)).as_deref(),
+            Some("eng_dp1")
+        );
+        assert_eq!(
+            mooncake_engine_id(&worker("http://p:1", Some("eng"), Some(2), None)),
+            None
+        );
+        assert_eq!(
+            mooncake_engine_id(&worker("http://p:1@0", Some("eng"), None, Some("2"))).as_deref(),
+            Some("eng_dp0")
+        );
+    }
+
+    #[test]
+    fn an_unparsable_dp_size_label_fails_closed() {
+        assert_eq!(
+            mooncake_engine_id(&worker("http://p:1", Some("eng"), None, Some("abc"))),
+            None
+        );
+        assert_eq!(
+            mooncake_engine_id(&worker("http://p:1", Some("eng"), None, Some("0"))),
+            None
+        );
+    }
+
+    #[test]
+    fn transfer_ids_are_fresh_uuid_v7() {
+        let (a, b) = (mint_transfer_id(), mint_transfer_id());
+        assert!(a.starts_with("xfer-") && a.len() == 5 + 36);
+        assert_ne!(a, b);
+    }
+}

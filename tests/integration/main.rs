@@ -4,4 +4,5 @@
 mod cli;
 mod harness;
 mod sglang;
+mod vllm;
 mod workers;
