@@ -8,7 +8,7 @@ use pdgate_filters::errors::ErrorCode;
 use pingora::proxy::Session;
 
 use super::request::PdRequest;
-use super::{parallel, sequential};
+use super::{moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
 use crate::policy::RoutingInput;
@@ -64,9 +64,14 @@ pub async fn serve(
             Ok(pair) => {
                 ctx.pair = Some(pair.clone());
                 drop(snap);
-                match pair.prefill.runtime() {
-                    RuntimeType::Vllm => sequential::attempt(gw, session, ctx, &req, &pair).await,
-                    _ => parallel::attempt(gw, session, ctx, &req, &pair).await,
+                // A MoRI-IO decode decides the path (it cannot recompute, so it never falls back);
+                // otherwise the prefill's runtime picks the dispatch mode.
+                if moriio::is_moriio(&pair.decode) {
+                    moriio::attempt(gw, session, ctx, &req, &pair).await
+                } else if pair.prefill.runtime() == RuntimeType::Vllm {
+                    sequential::attempt(gw, session, ctx, &req, &pair).await
+                } else {
+                    parallel::attempt(gw, session, ctx, &req, &pair).await
                 }
             }
         };

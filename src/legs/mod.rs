@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod dispatch;
+pub mod moriio;
 pub mod parallel;
 pub mod prefill;
 pub mod relay;
