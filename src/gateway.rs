@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use crate::config::{GatewayConfig, RetrySettings};
 use crate::legs::client::LegClient;
 use crate::workers::select::LegPolicies;
+use crate::workers::worker::WorkerDefaults;
 use crate::workers::Registry;
 
 /// The data plane's view of the config: durations and caps, computed once.
@@ -28,11 +29,11 @@ pub struct Settings {
     /// Request-id headers, lowercase, checked in order.
     pub request_id_headers: Vec<String>,
     pub retry: RetrySettings,
+    /// What new workers start from (breaker, connect deadline, health checks).
+    pub worker_defaults: WorkerDefaults,
     pub dp_aware: bool,
     /// Whether the worker API is served on a separate admin listener (not on the data port).
     pub separate_admin: bool,
-    /// Whether workers are probed (otherwise they are ready on registration).
-    pub health_checks: bool,
     /// How long a removed worker drains before it leaves the registry.
     pub drain_settle: Duration,
     pub pool_size: usize,
@@ -65,9 +66,9 @@ impl Settings {
                 .unwrap_or_else(|_| crate::config::IpNet::loopback()),
             request_id_headers: cfg.request_id_header_names(),
             retry: cfg.retry(),
+            worker_defaults: WorkerDefaults::from_config(cfg),
             dp_aware: cfg.dp_aware,
             separate_admin: cfg.admin_addr().is_some(),
-            health_checks: cfg.health().enabled,
             drain_settle: cfg.health().drain_settle,
             pool_size: 256,
             pool_idle: t.upstream_pool_idle,

@@ -38,6 +38,18 @@ pub struct Metrics {
     pub worker_selection: IntCounterVec,
     pub worker_requests_active: IntGaugeVec,
     pub worker_health: IntGaugeVec,
+    pub worker_health_checks: IntCounterVec,
+    pub worker_cb_state: IntGaugeVec,
+    pub worker_cb_transitions: IntCounterVec,
+    pub worker_cb_outcomes: IntCounterVec,
+    pub worker_cb_consecutive_failures: IntGaugeVec,
+    pub worker_cb_consecutive_successes: IntGaugeVec,
+    pub worker_retries: IntCounterVec,
+    pub worker_retries_exhausted: IntCounterVec,
+    pub worker_retry_backoff: HistogramVec,
+    pub worker_overload_shed: IntCounterVec,
+    pub workers_overloaded: IntGaugeVec,
+    pub worker_errors: IntCounterVec,
     pub http_responses: IntCounterVec,
 }
 
@@ -148,6 +160,68 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "smg_worker_health",
         "Worker health (1 ready, 0 not)",
         &["worker"],
+    ),
+    worker_health_checks: counter_vec(
+        "smg_worker_health_checks_total",
+        "Health probes by leg and result",
+        &["worker_type", "result"],
+    ),
+    worker_cb_state: gauge_vec(
+        "smg_worker_cb_state",
+        "Circuit breaker state per worker (0 closed, 1 open, 2 half-open)",
+        &["worker"],
+    ),
+    worker_cb_transitions: counter_vec(
+        "smg_worker_cb_transitions_total",
+        "Circuit breaker state changes",
+        &["worker", "from", "to"],
+    ),
+    worker_cb_outcomes: counter_vec(
+        "smg_worker_cb_outcomes_total",
+        "Outcomes recorded by circuit breakers",
+        &["worker", "outcome"],
+    ),
+    worker_cb_consecutive_failures: gauge_vec(
+        "smg_worker_cb_consecutive_failures",
+        "Consecutive failures seen by a worker's breaker",
+        &["worker"],
+    ),
+    worker_cb_consecutive_successes: gauge_vec(
+        "smg_worker_cb_consecutive_successes",
+        "Consecutive successes seen by a worker's breaker",
+        &["worker"],
+    ),
+    worker_retries: counter_vec(
+        "smg_worker_retries_total",
+        "Retries (a new pair for a failed attempt), counted on both legs",
+        &["worker_type", "endpoint"],
+    ),
+    worker_retries_exhausted: counter_vec(
+        "smg_worker_retries_exhausted_total",
+        "Requests whose retryable failure ran out of attempts",
+        &["worker_type", "endpoint"],
+    ),
+    worker_retry_backoff: register_histogram_vec!(
+        "smg_worker_retry_backoff_seconds",
+        "Backoff slept before a retry",
+        &["attempt"],
+        vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+    )
+    .expect("metric names are unique and valid"),
+    worker_overload_shed: counter_vec(
+        "smg_worker_overload_shed_total",
+        "Requests shed by overload protection",
+        &["stage"],
+    ),
+    workers_overloaded: gauge_vec(
+        "smg_workers_overloaded",
+        "Workers currently flagged overloaded",
+        &["model"],
+    ),
+    worker_errors: counter_vec(
+        "smg_worker_errors_total",
+        "Failed legs by worker type and error type",
+        &["worker_type", "connection_mode", "error_type"],
     ),
     http_responses: counter_vec(
         "smg_http_responses_total",

@@ -41,7 +41,7 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     let registry = Arc::new(Registry::new());
     let health = cfg.health();
     for spec in &startup {
-        let worker = intake::startup_worker(spec, health.enabled)
+        let worker = intake::startup_worker(spec, &settings.worker_defaults)
             .map_err(|e| BuildError(format!("worker {}: {e}", spec.url)))?;
         registry
             .add(worker)

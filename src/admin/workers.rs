@@ -106,8 +106,7 @@ fn check_spec(spec: &WorkerSpec) -> Result<(), Reply> {
     Ok(())
 }
 
-/// Builds the live worker (resolving its host off the reactor) in `pending` state, or `ready`
-/// when health checks are disabled.
+/// Builds the live worker, resolving its host off the reactor.
 async fn build_worker(gw: &Gateway, id: String, spec: WorkerSpec) -> Result<Arc<Worker>, Reply> {
     let address = crate::workers::WorkerAddress::parse(&spec.url)
         .map_err(|e| admin_error(ErrorCode::BadRequest, &e))?;
@@ -116,12 +115,13 @@ async fn build_worker(gw: &Gateway, id: String, spec: WorkerSpec) -> Result<Arc<
         .await
         .map_err(|e| admin_error(ErrorCode::InternalServerError, &e.to_string()))?
         .map_err(|e| admin_error(ErrorCode::BadRequest, &e))?;
-    let initial = if gw.settings.health_checks {
-        Status::Pending
-    } else {
-        Status::Ready
-    };
-    Ok(Worker::new(id, spec, address, addr, initial))
+    Ok(Worker::new(
+        id,
+        spec,
+        address,
+        addr,
+        &gw.settings.worker_defaults,
+    ))
 }
 
 async fn register(gw: &Gateway, spec: WorkerSpec) -> Reply {

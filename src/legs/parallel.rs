@@ -118,8 +118,12 @@ pub async fn attempt(
         stall_timeout: s.stream_idle_timeout,
         on_end: {
             let labels = labels.clone();
-            Box::new(move |end| {
-                if let PrefillEnd::Completed { duration, status } = end {
+            let worker = pair.prefill.clone();
+            // The prefill's outcome is known only when its drain ends (SMG's newer behaviour);
+            // a leg we dropped records nothing.
+            Box::new(move |end| match end {
+                PrefillEnd::Completed { duration, status } => {
+                    worker.breaker.record_status(Some(status));
                     if (200..300).contains(&status) {
                         METRICS
                             .pd_prefill_duration
@@ -127,6 +131,8 @@ pub async fn attempt(
                             .observe(duration.as_secs_f64());
                     }
                 }
+                PrefillEnd::Failed(_) => worker.breaker.record_status(None),
+                PrefillEnd::Cancelled => {}
             })
         },
     });
@@ -158,9 +164,13 @@ pub async fn attempt(
     while decode.is_none() || !prefill_ok {
         tokio::select! {
             d = &mut decode_open, if decode.is_none() => match d {
-                Err(e) => return Attempt::Refused(transport_refusal("decode", &e)),
+                Err(e) => {
+                    pair.decode.breaker.record_status(None);
+                    return Attempt::Refused(transport_refusal("decode", &e));
+                }
                 Ok(leg) if !leg.is_success() => {
                     drop(prefill);
+                    pair.decode.breaker.record_status(Some(leg.status()));
                     return Attempt::Refused(decode_refusal(leg, req.facts.stream).await);
                 }
                 Ok(leg) => decode = Some(leg),
@@ -197,7 +207,9 @@ pub async fn attempt(
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
     };
+    let status = decode.status();
     let (end, reusable) = relay(session, ctx, decode, plan).await;
+    record_decode_end(pair, status, &end);
     if let Some(ttft) = ctx.ttft {
         METRICS
             .pd_ttft
@@ -211,6 +223,16 @@ pub async fn attempt(
         RelayEnd::Complete => Attempt::Answered,
         RelayEnd::ClientGone => Attempt::ClientGone,
         RelayEnd::CutShort(why) => Attempt::CutShort(why),
+    }
+}
+
+/// The decode's outcome once its relay ended: its status, a failure if it broke mid-body, and
+/// nothing when the client left (the gateway dropped the leg).
+pub fn record_decode_end(pair: &Pair, status: u16, end: &RelayEnd) {
+    match end {
+        RelayEnd::Complete => pair.decode.breaker.record_status(Some(status)),
+        RelayEnd::CutShort(_) => pair.decode.breaker.record_status(None),
+        RelayEnd::ClientGone => {}
     }
 }
 

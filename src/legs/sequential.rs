@@ -16,7 +16,7 @@ use pingora::proxy::Session;
 
 use super::client::{LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
-use super::parallel::{decode_refusal, transport_refusal, PdLabels};
+use super::parallel::{decode_refusal, record_decode_end, transport_refusal, PdLabels};
 use super::relay::{relay, RelayEnd, RelayPlan};
 use super::request::PdRequest;
 use crate::config::label;
@@ -213,19 +213,22 @@ pub async fn attempt(
     };
     let decode = match opened {
         Err(e) if e.kind == LegErrorKind::Timeout => {
-            return Attempt::Refused(transport_refusal("decode", &e))
+            pair.decode.breaker.record_status(None);
+            return Attempt::Refused(transport_refusal("decode", &e));
         }
         Err(e) => {
+            pair.decode.breaker.record_status(None);
             return Attempt::Refused(
                 Reply::error(
                     ErrorCode::DecodeRequestFailed,
                     format!("Decode transport error: {e}"),
                 )
                 .retryable(true),
-            )
+            );
         }
         Ok(leg) if !leg.is_success() => {
-            return Attempt::Refused(decode_refusal(leg, req.facts.stream).await)
+            pair.decode.breaker.record_status(Some(leg.status()));
+            return Attempt::Refused(decode_refusal(leg, req.facts.stream).await);
         }
         Ok(leg) => leg,
     };
@@ -233,7 +236,7 @@ pub async fn attempt(
 }
 
 /// Sends the prefill leg and reads its whole (small) response.
-async fn prefill_round_trip(
+pub(crate) async fn prefill_round_trip(
     gw: &Gateway,
     worker: &Worker,
     req: &LegRequest<'_>,
@@ -242,13 +245,17 @@ async fn prefill_round_trip(
 ) -> Result<Bytes, Reply> {
     let mut leg = match gw.client.open(&worker.peer, req, head_timeout).await {
         Ok(leg) => leg,
-        Err(e) if e.kind == LegErrorKind::Timeout => return Err(transport_refusal("prefill", &e)),
+        Err(e) if e.kind == LegErrorKind::Timeout => {
+            worker.breaker.record_status(None);
+            return Err(transport_refusal("prefill", &e));
+        }
         Err(e) => {
+            worker.breaker.record_status(None);
             return Err(Reply::error(
                 ErrorCode::PrefillRequestFailed,
                 format!("Prefill transport error: {e}"),
             )
-            .retryable(true))
+            .retryable(true));
         }
     };
     leg.set_read_timeout(Some(head_timeout));
@@ -256,13 +263,15 @@ async fn prefill_round_trip(
     let body = match leg.read_to_end(limit).await {
         Ok(b) => b,
         Err(e) => {
+            worker.breaker.record_status(None);
             return Err(Reply::error(
                 ErrorCode::PrefillReadFailed,
                 format!("Prefill response could not be read: {e}"),
             )
-            .retryable(true))
+            .retryable(true));
         }
     };
+    worker.breaker.record_status(Some(status));
     if !leg.is_success() {
         // The prefill's own status goes to the client (a 429 stays a 429).
         return Err(Reply::error_with_status(
@@ -277,7 +286,7 @@ async fn prefill_round_trip(
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn finish(
+pub(crate) async fn finish(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -297,7 +306,9 @@ async fn finish(
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
     };
+    let status = decode.status();
     let (end, reusable) = relay(session, ctx, decode, plan).await;
+    record_decode_end(pair, status, &end);
     if let Some(ttft) = ctx.ttft {
         METRICS
             .pd_ttft
@@ -318,7 +329,8 @@ async fn finish(
 mod tests {
     use super::*;
     use crate::config::{WorkerSpec, WorkerType};
-    use crate::workers::{Status, WorkerAddress};
+    use crate::workers::worker::WorkerDefaults;
+    use crate::workers::WorkerAddress;
 
     fn worker(
         url: &str,
@@ -333,12 +345,13 @@ mod tests {
             spec.labels.insert(label::DP_SIZE.into(), l.into());
         }
         let address = WorkerAddress::parse(url).unwrap();
+        let defaults = WorkerDefaults::from_config(&crate::config::GatewayConfig::default());
         Worker::new(
             "id".into(),
             spec,
             address,
             "127.0.0.1:1".parse().unwrap(),
-            Status::Ready,
+            &defaults,
         )
     }
 

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::config::{RuntimeType, WorkerSpec};
 
-use super::worker::{Discovered, Status, Worker, WorkerAddress};
+use super::worker::{Discovered, Worker, WorkerAddress, WorkerDefaults};
 use crate::legs::client::{LegClient, LegRequest};
 
 /// Resolves `host:port` (blocking; for startup, or inside `spawn_blocking`).
@@ -23,22 +23,16 @@ pub fn resolve(address: &WorkerAddress) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{} resolves to no address", address.authority))
 }
 
-/// A worker from the startup configuration: `pending` until its first health probe succeeds
-/// (or `ready` at once when health checks are disabled).
-pub fn startup_worker(spec: &WorkerSpec, health_checks: bool) -> Result<Arc<Worker>, String> {
+/// A worker from the startup configuration (`pending` until its first probe succeeds).
+pub fn startup_worker(spec: &WorkerSpec, defaults: &WorkerDefaults) -> Result<Arc<Worker>, String> {
     let address = WorkerAddress::parse(&spec.url)?;
     let addr = resolve(&address)?;
-    let initial = if health_checks {
-        Status::Pending
-    } else {
-        Status::Ready
-    };
     Ok(Worker::new(
         uuid::Uuid::new_v4().to_string(),
         spec.clone(),
         address,
         addr,
-        initial,
+        defaults,
     ))
 }
 

@@ -1,6 +1,7 @@
 //! Workers: what is registered (registry), each worker's facts and live state, health checks,
 //! and pair selection.
 
+pub mod breaker;
 pub mod health;
 pub mod intake;
 pub mod registry;

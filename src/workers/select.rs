@@ -80,9 +80,9 @@ impl SelectError {
     }
 }
 
-/// A worker may take new requests: ready and not draining.
+/// A worker may take new requests: ready (not draining) and its circuit breaker lets it.
 pub fn is_available(w: &Worker) -> bool {
-    w.status() == Status::Ready
+    w.status() == Status::Ready && w.breaker.allows()
 }
 
 /// Whether a prefill may hand its KV to a decode. Everything pairs until pairing descriptors

@@ -11,7 +11,8 @@ use std::sync::{Arc, OnceLock};
 use pingora::upstreams::peer::HttpPeer;
 use pingora_prometheus::prometheus::IntGauge;
 
-use crate::config::{RuntimeType, WorkerSpec, WorkerType};
+use super::breaker::Breaker;
+use crate::config::{CircuitBreakerSettings, RuntimeType, WorkerSpec, WorkerType};
 use crate::metrics::METRICS;
 
 /// Health status, SMG's state machine: `pending → ready ↔ not_ready → failed`; `draining` on removal.
@@ -155,6 +156,26 @@ fn split_dp_suffix(url: &str) -> (&str, Option<u32>) {
     (url, None)
 }
 
+/// What every new worker starts from; a spec's own overrides apply on top.
+#[derive(Clone, Debug)]
+pub struct WorkerDefaults {
+    pub breaker: CircuitBreakerSettings,
+    /// TCP connect deadline for this worker's legs.
+    pub connect_timeout: std::time::Duration,
+    /// Whether workers are probed (`pending` until healthy) or ready at once.
+    pub health_checks: bool,
+}
+
+impl WorkerDefaults {
+    pub fn from_config(cfg: &crate::config::GatewayConfig) -> WorkerDefaults {
+        WorkerDefaults {
+            breaker: cfg.circuit_breaker(),
+            connect_timeout: cfg.timeouts().connect,
+            health_checks: cfg.health().enabled,
+        }
+    }
+}
+
 /// What an engine told us about itself at registration (`/v1/models`, `/version`, `/server_info`).
 #[derive(Clone, Debug, Default)]
 pub struct Discovered {
@@ -178,6 +199,8 @@ pub struct Worker {
     pub peer: HttpPeer,
     status: AtomicU8,
     in_flight: AtomicUsize,
+    /// Fed by the legs sent to this worker.
+    pub breaker: Breaker,
     active_gauge: IntGauge,
 }
 
@@ -187,13 +210,24 @@ impl Worker {
         spec: WorkerSpec,
         address: WorkerAddress,
         addr: SocketAddr,
-        initial: Status,
+        defaults: &WorkerDefaults,
     ) -> Arc<Worker> {
-        let peer = HttpPeer::new(addr, address.tls, address.resolve_host().to_string());
+        let mut peer = HttpPeer::new(addr, address.tls, address.resolve_host().to_string());
+        peer.options.connection_timeout = Some(defaults.connect_timeout);
+        // New workers are probed before they take traffic, unless health checks are off.
+        let initial = if defaults.health_checks {
+            Status::Pending
+        } else {
+            Status::Ready
+        };
         let active_gauge = METRICS
             .worker_requests_active
             .with_label_values(&[spec.url.as_str()]);
         let declared_models = spec.models.iter().map(|m| m.id.clone()).collect();
+        let breaker = Breaker::new(
+            super::breaker::settings_for(&defaults.breaker, spec.resilience.as_ref()),
+            &spec.url,
+        );
         let w = Arc::new(Worker {
             id,
             declared_runtime: spec.runtime_type,
@@ -204,6 +238,7 @@ impl Worker {
             peer,
             status: AtomicU8::new(initial as u8),
             in_flight: AtomicUsize::new(0),
+            breaker,
             active_gauge,
         });
         w.publish_health();
