@@ -38,7 +38,7 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
         ..
     } = loaded;
     let settings = Settings::from_config(&cfg);
-    let registry = Arc::new(Registry::new());
+    let registry = Arc::new(Registry::new(cfg.pd_pairing_mode));
     let health = cfg.health();
     for spec in &startup {
         let worker = intake::startup_worker(spec, &settings.worker_defaults)

@@ -17,6 +17,7 @@ use crate::gateway::Gateway;
 use crate::proxy::body::read_body;
 use crate::proxy::routes::Endpoint;
 use crate::reply::{Reply, JSON};
+use crate::workers::pairing::Descriptor;
 use crate::workers::registry::RegisterError;
 use crate::workers::{intake, Status, Worker};
 
@@ -330,6 +331,9 @@ pub fn worker_json(w: &Worker) -> Value {
         "max_connection_attempts".into(),
         json!(spec.max_connection_attempts),
     );
+    if matches!(spec.worker_type, WorkerType::Prefill | WorkerType::Decode) {
+        m.insert("pd_pairing".into(), json!(Descriptor::of(w).key()));
+    }
     m.insert("is_healthy".into(), json!(w.is_healthy()));
     m.insert("status".into(), json!(w.status().as_str()));
     m.insert("load".into(), json!(w.in_flight()));

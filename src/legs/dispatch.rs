@@ -4,13 +4,13 @@
 
 use std::time::Instant;
 
-use pdgate_filters::errors::ErrorCode;
 use pingora::proxy::Session;
 
 use super::request::PdRequest;
 use super::{moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
+use crate::metrics::METRICS;
 use crate::policy::RoutingInput;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply};
@@ -58,9 +58,7 @@ pub async fn serve(
         };
         let label = ctx.model_label.clone().unwrap_or_else(|| "unknown".into());
         let outcome = match select_pair(&snap, model, &policies, &input, &label) {
-            Err(e) => Attempt::Refused(
-                Reply::error(ErrorCode::NoAvailableWorkers, e.message()).retryable(true),
-            ),
+            Err(e) => Attempt::Refused(Reply::error(e.code(), e.message()).retryable(true)),
             Ok(pair) => {
                 ctx.pair = Some(pair.clone());
                 drop(snap);
@@ -84,11 +82,22 @@ pub async fn serve(
             Attempt::CutShort(why) => return Served::Abort(why),
             Attempt::Refused(reply) => {
                 let backoff = jittered_backoff(retry, ctx.attempts - 1);
-                let may_retry = reply.retryable
-                    && retry.is_retryable_status(reply.status)
+                let retryable = reply.retryable && retry.is_retryable_status(reply.status);
+                let may_retry = retryable
                     && ctx.attempts < retry.max_attempts
                     && Instant::now() + backoff < deadline;
+                let endpoint = req.route.metric_endpoint();
                 if may_retry {
+                    for leg in ["prefill", "decode"] {
+                        METRICS
+                            .worker_retries
+                            .with_label_values(&[leg, endpoint])
+                            .inc();
+                    }
+                    METRICS
+                        .worker_retry_backoff
+                        .with_label_values(&[&ctx.attempts.to_string()])
+                        .observe(backoff.as_secs_f64());
                     log::debug!(
                         "request {} attempt {} refused ({}), retrying with a new pair",
                         ctx.request_id,
@@ -101,6 +110,14 @@ pub async fn serve(
                             ctx.client_gone = true;
                             return Served::Abort("client closed the connection".into());
                         }
+                    }
+                }
+                if retryable {
+                    for leg in ["prefill", "decode"] {
+                        METRICS
+                            .worker_retries_exhausted
+                            .with_label_values(&[leg, endpoint])
+                            .inc();
                     }
                 }
                 return match reply::send(session, ctx, reply).await {

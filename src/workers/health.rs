@@ -156,6 +156,8 @@ impl BackgroundService for HealthChecker {
                             found.models
                         );
                         w.set_discovered(found);
+                        // The runtime feeds the pairing descriptor: recompute who pairs with whom.
+                        self.registry.refresh(None);
                     }
                     if let Some(st) = states.get_mut(&w.id) {
                         self.apply(w, st, ok, Instant::now());

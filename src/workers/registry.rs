@@ -6,24 +6,47 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use super::pairing::{compatible, Descriptor};
 use super::worker::Worker;
-use crate::config::WorkerType;
+use crate::config::{PairingMode, WorkerType};
 
 /// An immutable view of the fleet at one instant.
-#[derive(Default)]
 pub struct Snapshot {
     /// Every worker, in registration order.
     pub all: Vec<Arc<Worker>>,
     pub prefills: Vec<Arc<Worker>>,
     pub decodes: Vec<Arc<Worker>>,
+    /// For each prefill (same index as `prefills`), the indices into `decodes` it may pair
+    /// with under the pairing mode — worked out here, when the fleet changes.
+    pub pairs: Vec<Vec<usize>>,
+    pub pairing_mode: PairingMode,
 }
 
 impl Snapshot {
-    fn build(all: Vec<Arc<Worker>>) -> Snapshot {
-        let of = |r: WorkerType| all.iter().filter(|w| w.role() == r).cloned().collect();
+    fn build(all: Vec<Arc<Worker>>, mode: PairingMode) -> Snapshot {
+        let of = |r: WorkerType| -> Vec<Arc<Worker>> {
+            all.iter().filter(|w| w.role() == r).cloned().collect()
+        };
+        let prefills = of(WorkerType::Prefill);
+        let decodes = of(WorkerType::Decode);
+        let decode_desc: Vec<Descriptor> = decodes.iter().map(|d| Descriptor::of(d)).collect();
+        let pairs = prefills
+            .iter()
+            .map(|p| {
+                let pd = Descriptor::of(p);
+                decode_desc
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, dd)| compatible(mode, &pd, dd).is_ok())
+                    .map(|(i, _)| i)
+                    .collect()
+            })
+            .collect();
         Snapshot {
-            prefills: of(WorkerType::Prefill),
-            decodes: of(WorkerType::Decode),
+            prefills,
+            decodes,
+            pairs,
+            pairing_mode: mode,
             all,
         }
     }
@@ -52,9 +75,8 @@ impl Snapshot {
     }
 }
 
-#[derive(Default)]
 pub struct Registry {
-    writers: Mutex<()>,
+    writers: Mutex<PairingMode>,
     current: ArcSwap<Snapshot>,
 }
 
@@ -66,8 +88,22 @@ pub enum RegisterError {
 }
 
 impl Registry {
-    pub fn new() -> Registry {
-        Registry::default()
+    pub fn new(mode: PairingMode) -> Registry {
+        Registry {
+            writers: Mutex::new(mode),
+            current: ArcSwap::from_pointee(Snapshot::build(Vec::new(), mode)),
+        }
+    }
+
+    /// Recomputes pairing after a worker's facts changed (discovery) or the mode changed.
+    pub fn refresh(&self, mode: Option<PairingMode>) {
+        let mut current_mode = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = mode {
+            *current_mode = m;
+        }
+        let all = self.current.load().all.clone();
+        self.current
+            .store(Arc::new(Snapshot::build(all, *current_mode)));
     }
 
     /// The current fleet. Cheap; hold it for one request, not longer.
@@ -76,39 +112,39 @@ impl Registry {
     }
 
     pub fn add(&self, worker: Arc<Worker>) -> Result<(), RegisterError> {
-        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let mode = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.current.load();
         if let Some(existing) = cur.by_url(worker.url()) {
             return Err(RegisterError::Duplicate(existing.id.clone()));
         }
         let mut all = cur.all.clone();
         all.push(worker);
-        self.current.store(Arc::new(Snapshot::build(all)));
+        self.current.store(Arc::new(Snapshot::build(all, *mode)));
         Ok(())
     }
 
     /// Replaces the worker with the same id (a changed registration), keeping its position.
     pub fn replace(&self, worker: Arc<Worker>) -> bool {
-        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let mode = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.current.load();
         let Some(pos) = cur.all.iter().position(|w| w.id == worker.id) else {
             return false;
         };
         let mut all = cur.all.clone();
         all[pos] = worker;
-        self.current.store(Arc::new(Snapshot::build(all)));
+        self.current.store(Arc::new(Snapshot::build(all, *mode)));
         true
     }
 
     /// Removes a worker by id; returns it if it was registered. In-flight requests keep their
     /// `Arc` and finish normally.
     pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {
-        let _w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let mode = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.current.load();
         let pos = cur.all.iter().position(|w| w.id == id)?;
         let mut all = cur.all.clone();
         let removed = all.remove(pos);
-        self.current.store(Arc::new(Snapshot::build(all)));
+        self.current.store(Arc::new(Snapshot::build(all, *mode)));
         Some(removed)
     }
 }

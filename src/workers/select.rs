@@ -7,7 +7,9 @@ use std::sync::Arc;
 use crate::config::{self, GatewayConfig, PolicyKind};
 use crate::metrics::{HTTP, METRICS};
 use crate::policy::{self, Candidate, Policy, PolicyLeg, PolicyName, PolicyParams, RoutingInput};
+use pdgate_filters::errors::ErrorCode;
 
+use super::pairing::{compatible, Descriptor};
 use super::registry::Snapshot;
 use super::worker::{Status, Worker};
 use crate::config::WorkerType;
@@ -59,9 +61,19 @@ pub enum SelectError {
     NoneAvailable(WorkerType),
     /// The leg's policy declined to pick.
     PolicyDeclined(WorkerType, &'static str),
+    /// Available workers on both legs, but no prefill pairs with an available decode.
+    NoCompatiblePair(String),
 }
 
 impl SelectError {
+    /// The catalogue code this refusal is answered with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SelectError::NoCompatiblePair(_) => ErrorCode::NoCompatiblePdPair,
+            _ => ErrorCode::NoAvailableWorkers,
+        }
+    }
+
     /// The client-facing message; it names the leg (spec: "Over HTTP, the message names the leg").
     pub fn message(&self) -> String {
         match self {
@@ -76,6 +88,7 @@ impl SelectError {
             SelectError::PolicyDeclined(r, p) => {
                 format!("Policy {p} failed to select a {} worker", r.as_str())
             }
+            SelectError::NoCompatiblePair(msg) => msg.clone(),
         }
     }
 }
@@ -85,13 +98,10 @@ pub fn is_available(w: &Worker) -> bool {
     w.status() == Status::Ready && w.breaker.allows()
 }
 
-/// Whether a prefill may hand its KV to a decode. Everything pairs until pairing descriptors
-/// are computed (worker-lifecycle issue); kept as the single place that decides.
-pub fn compatible(_prefill: &Worker, _decode: &Worker) -> bool {
-    true
-}
-
 /// Chooses a pair for one attempt. `model_label` only feeds the selection metric.
+///
+/// The prefill policy runs over the available prefills that have at least one available
+/// compatible decode; the decode policy then runs over that prefill's compatible decodes.
 pub fn select_pair(
     snap: &Snapshot,
     model: Option<&str>,
@@ -99,48 +109,56 @@ pub fn select_pair(
     input: &RoutingInput<'_>,
     model_label: &str,
 ) -> Result<Pair, SelectError> {
-    let prefill_pool: Vec<&Arc<Worker>> =
-        snap.prefills.iter().filter(|w| w.serves(model)).collect();
-    if prefill_pool.is_empty() {
+    let serving = |w: &Arc<Worker>| w.serves(model);
+    if !snap.prefills.iter().any(serving) {
         return Err(SelectError::NoWorkers(WorkerType::Prefill));
     }
-    let decode_pool: Vec<&Arc<Worker>> = snap.decodes.iter().filter(|w| w.serves(model)).collect();
-    if decode_pool.is_empty() {
+    if !snap.decodes.iter().any(serving) {
         return Err(SelectError::NoWorkers(WorkerType::Decode));
     }
-    let decodes: Vec<&Arc<Worker>> = decode_pool
-        .into_iter()
-        .filter(|w| is_available(w))
+    let decode_ok: Vec<bool> = snap
+        .decodes
+        .iter()
+        .map(|d| serving(d) && is_available(d))
         .collect();
-    let prefills: Vec<&Arc<Worker>> = prefill_pool
-        .into_iter()
-        .filter(|w| is_available(w))
+    let prefill_ok: Vec<bool> = snap
+        .prefills
+        .iter()
+        .map(|p| serving(p) && is_available(p))
         .collect();
-    if prefills.is_empty() {
+    if !prefill_ok.iter().any(|ok| *ok) {
         return Err(SelectError::NoneAvailable(WorkerType::Prefill));
     }
-    if decodes.is_empty() {
+    if !decode_ok.iter().any(|ok| *ok) {
         return Err(SelectError::NoneAvailable(WorkerType::Decode));
     }
-    let pairable: Vec<&Arc<Worker>> = prefills
-        .into_iter()
-        .filter(|p| decodes.iter().any(|d| compatible(p, d)))
+    let pairable: Vec<usize> = (0..snap.prefills.len())
+        .filter(|&i| prefill_ok[i] && snap.pairs[i].iter().any(|&d| decode_ok[d]))
         .collect();
     if pairable.is_empty() {
-        return Err(SelectError::NoneAvailable(WorkerType::Decode));
+        return Err(SelectError::NoCompatiblePair(incompatibility(
+            snap,
+            &prefill_ok,
+            &decode_ok,
+        )));
     }
 
-    let prefill = pick(&*policies.prefill, &pairable, input).ok_or(SelectError::PolicyDeclined(
+    let prefills: Vec<&Arc<Worker>> = pairable.iter().map(|&i| &snap.prefills[i]).collect();
+    let chosen = pick(&*policies.prefill, &prefills, input).ok_or(SelectError::PolicyDeclined(
         WorkerType::Prefill,
         policies.prefill.name(),
     ))?;
-    let for_prefill: Vec<&Arc<Worker>> = decodes
-        .into_iter()
-        .filter(|d| compatible(&prefill, d))
+    let prefill = prefills[chosen].clone();
+    let decodes: Vec<&Arc<Worker>> = snap.pairs[pairable[chosen]]
+        .iter()
+        .filter(|&&d| decode_ok[d])
+        .map(|&d| &snap.decodes[d])
         .collect();
-    let decode = pick(&*policies.decode, &for_prefill, input).ok_or(
-        SelectError::PolicyDeclined(WorkerType::Decode, policies.decode.name()),
-    )?;
+    let chosen = pick(&*policies.decode, &decodes, input).ok_or(SelectError::PolicyDeclined(
+        WorkerType::Decode,
+        policies.decode.name(),
+    ))?;
+    let decode = decodes[chosen].clone();
 
     METRICS
         .worker_selection
@@ -153,11 +171,40 @@ pub fn select_pair(
     Ok(Pair { prefill, decode })
 }
 
-fn pick(
-    policy: &dyn Policy,
-    list: &[&Arc<Worker>],
-    input: &RoutingInput<'_>,
-) -> Option<Arc<Worker>> {
+/// The `no_compatible_pd_pair` message: the components that differ and both legs' keys, for
+/// the first available prefill/decode combinations (also logged at warn).
+fn incompatibility(snap: &Snapshot, prefill_ok: &[bool], decode_ok: &[bool]) -> String {
+    let mut parts = Vec::new();
+    'outer: for (p, _) in snap.prefills.iter().zip(prefill_ok).filter(|(_, ok)| **ok) {
+        let pd = Descriptor::of(p);
+        for (d, _) in snap.decodes.iter().zip(decode_ok).filter(|(_, ok)| **ok) {
+            let dd = Descriptor::of(d);
+            if let Err(diff) = compatible(snap.pairing_mode, &pd, &dd) {
+                parts.push(format!(
+                    "prefill {} [{}] and decode {} [{}] differ in {}",
+                    p.url(),
+                    pd.key(),
+                    d.url(),
+                    dd.key(),
+                    diff.join(", ")
+                ));
+            }
+            if parts.len() >= 4 {
+                break 'outer;
+            }
+        }
+    }
+    let msg = format!(
+        "No prefill worker shares a KV transfer protocol with an available decode worker (pd_pairing_mode {}): {}",
+        snap.pairing_mode.as_str(),
+        parts.join("; ")
+    );
+    log::warn!("{msg}");
+    msg
+}
+
+/// Runs `policy` over `list`; the index of its pick (after telling it the pick was taken).
+fn pick(policy: &dyn Policy, list: &[&Arc<Worker>], input: &RoutingInput<'_>) -> Option<usize> {
     let cands: Vec<Candidate<'_>> = list
         .iter()
         .map(|w| Candidate {
@@ -169,7 +216,7 @@ fn pick(
     let idx = policy.select(&cands, input)?;
     let chosen = cands.get(idx)?;
     policy.on_selected(chosen, input);
-    Some(list[idx].clone())
+    Some(idx)
 }
 
 impl LegPolicies {

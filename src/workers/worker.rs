@@ -291,6 +291,17 @@ impl Worker {
         }
     }
 
+    /// The runtime when it is known (declared, or detected at registration); `None` otherwise.
+    pub fn known_runtime(&self) -> Option<RuntimeType> {
+        match (self.declared_runtime, self.discovered.get()) {
+            (RuntimeType::Unspecified, Some(d)) if d.runtime != RuntimeType::Unspecified => {
+                Some(d.runtime)
+            }
+            (RuntimeType::Unspecified, _) => None,
+            (declared, _) => Some(declared),
+        }
+    }
+
     /// Models served: declared in the spec, else discovered from the engine; empty = any.
     pub fn models(&self) -> &[String] {
         if !self.declared_models.is_empty() {

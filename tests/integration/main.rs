@@ -3,6 +3,7 @@
 
 mod cli;
 mod harness;
+mod lifecycle;
 mod sglang;
 mod vllm;
 mod workers;

@@ -1,0 +1,352 @@
+//! Worker lifecycle through the real binary: pairing modes against mixed fleets, circuit
+//! breakers opening and recovering (fed only by the legs contacted), whole-pair retries with a
+//! new room, and health checks taking a failing worker out and bringing it back.
+
+use std::time::Duration;
+
+use mock_engine::{Connector, EngineKind, Fault, FaultMatch, MockEngine, MockEngineConfig, Role};
+use serde_json::{json, Value};
+
+use crate::harness::{metric_value, Gateway};
+
+async fn sglang(role: Role, ip: [u8; 4]) -> MockEngine {
+    MockEngine::spawn(MockEngineConfig::test(EngineKind::Sglang, role, ip))
+        .await
+        .unwrap()
+}
+
+fn with_labels(mut spec: Value, labels: Value) -> Value {
+    let map = spec["labels"].as_object_mut().expect("labels");
+    for (k, v) in labels.as_object().unwrap() {
+        map.insert(k.clone(), v.clone());
+    }
+    spec
+}
+
+fn generate() -> Value {
+    json!({"text": "pair me", "sampling_params": {"max_new_tokens": 2}})
+}
+
+async fn started(workers: &[Value], extra: &str) -> Gateway {
+    let gw = Gateway::start(workers, extra).await;
+    // Wait until every worker is ready (readiness needs one per leg only).
+    for _ in 0..200 {
+        let w = gw.get("/workers").await.json();
+        if w["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["status"] == "ready")
+        {
+            return gw;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "workers never became ready: {}",
+        gw.get("/workers").await.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pairing_modes_decide_which_legs_pair() {
+    let p = sglang(Role::Prefill, [127, 0, 0, 2]).await;
+    let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
+    let pf = with_labels(p.worker_spec(), json!({"kv_cache_dtype": "fp8"}));
+    let dauto = with_labels(d.worker_spec(), json!({"kv_cache_dtype": "auto"}));
+
+    // lenient (default): both report a dtype and they differ → refused, naming what differs.
+    let gw = started(&[pf.clone(), dauto.clone()], "").await;
+    let r = gw.post("/generate", &generate()).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "no_compatible_pd_pair");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("kv_cache_dtype"), "{msg}");
+    assert!(
+        msg.contains("sglang/mooncake/dtype=fp8") && msg.contains("dtype=auto"),
+        "{msg}"
+    );
+    let keys: Vec<String> = gw.get("/workers").await.json()["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["pd_pairing"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        keys.contains(&"sglang/mooncake/dtype=fp8,page=?,attn=?,model=?".to_string()),
+        "{keys:?}"
+    );
+    assert!(p.records().is_empty() && d.records().is_empty());
+    drop(gw);
+
+    // off: everything pairs.
+    let gw = started(&[pf.clone(), dauto], "  pd_pairing_mode: \"off\"\n").await;
+    assert_eq!(gw.post("/generate", &generate()).await.status, 200);
+    drop(gw);
+
+    // A fact only one leg reports: lenient pairs, strict refuses.
+    let plain = d.worker_spec();
+    let gw = started(&[pf.clone(), plain.clone()], "").await;
+    assert_eq!(gw.post("/generate", &generate()).await.status, 200);
+    drop(gw);
+    let gw = started(&[pf.clone(), plain], "  pd_pairing_mode: strict\n").await;
+    let r = gw.post("/generate", &generate()).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "no_compatible_pd_pair");
+    drop(gw);
+
+    // Different transports never pair under lenient.
+    let nixl = with_labels(
+        d.worker_spec(),
+        json!({"disaggregation_transfer_backend": "nixl"}),
+    );
+    let gw = started(&[p.worker_spec(), nixl], "").await;
+    let r = gw.post("/generate", &generate()).await;
+    assert_eq!(r.status, 503);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("transport"));
+    drop(gw);
+
+    // Explicit protocols on both legs decide alone: equal pairs despite the dtype, unequal not.
+    let pa = with_labels(pf.clone(), json!({"pairing_protocol": "team-a"}));
+    let da = with_labels(
+        d.worker_spec(),
+        json!({"kv_cache_dtype": "auto", "pairing_protocol": "team-a"}),
+    );
+    let gw = started(&[pa.clone(), da], "  pd_pairing_mode: strict\n").await;
+    assert_eq!(gw.post("/generate", &generate()).await.status, 200);
+    drop(gw);
+    let db = with_labels(d.worker_spec(), json!({"pairing_protocol": "team-b"}));
+    let gw = started(&[pa, db], "").await;
+    assert_eq!(gw.post("/generate", &generate()).await.status, 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_without_a_compatible_decode_is_skipped() {
+    let p_bad = sglang(Role::Prefill, [127, 0, 0, 2]).await;
+    let p_good = sglang(Role::Prefill, [127, 0, 0, 4]).await;
+    let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
+    let gw = started(
+        &[
+            with_labels(p_bad.worker_spec(), json!({"page_size": "64"})),
+            with_labels(p_good.worker_spec(), json!({"page_size": "16"})),
+            with_labels(d.worker_spec(), json!({"page_size": "16"})),
+        ],
+        "",
+    )
+    .await;
+    for _ in 0..6 {
+        assert_eq!(gw.post("/generate", &generate()).await.status, 200);
+    }
+    assert!(
+        p_bad.records().is_empty(),
+        "an incompatible prefill got traffic"
+    );
+    assert_eq!(p_good.records().len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_opens_on_consecutive_failures_and_recovers() {
+    let p = sglang(Role::Prefill, [127, 0, 0, 2]).await;
+    let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
+    let extra = "  cb_failure_threshold: 2\n  cb_success_threshold: 1\n  cb_timeout_duration_secs: 1\n  retry_max_retries: 1\n";
+    let gw = started(&[p.worker_spec(), d.worker_spec()], extra).await;
+    let fail = Fault::FailStatus {
+        status: 500,
+        body: None,
+        count: Some(2),
+        matcher: FaultMatch::default(),
+    };
+    d.inject(fail).await;
+    for _ in 0..2 {
+        let r = gw.post("/generate", &generate()).await;
+        assert_eq!(r.status, 500, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"], "decode_internal_error");
+    }
+    let decode_url = d.api_url();
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric_value(&m, "smg_worker_cb_state", &[("worker", &decode_url)]),
+        Some(1.0),
+        "{m}"
+    );
+    // Only the leg that failed is penalized.
+    assert_eq!(
+        metric_value(&m, "smg_worker_cb_state", &[("worker", &p.api_url())]),
+        Some(0.0)
+    );
+    let r = gw.post("/generate", &generate()).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "no_available_workers");
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("decode"));
+    let recorded = d.records().len();
+
+    // After the open timeout the breaker half-opens; one success closes it.
+    let mut ok = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if gw.post("/generate", &generate()).await.status == 200 {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok, "the breaker never let traffic through again");
+    assert!(d.records().len() > recorded);
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric_value(&m, "smg_worker_cb_state", &[("worker", &decode_url)]),
+        Some(0.0)
+    );
+    assert!(metric_value(
+        &m,
+        "smg_worker_cb_transitions_total",
+        &[("worker", &decode_url), ("to", "open")]
+    )
+    .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_vllm_prefill_never_touches_the_decode_breaker() {
+    let spawn = |role, ip: [u8; 4]| {
+        MockEngine::spawn(
+            MockEngineConfig::test(EngineKind::Vllm, role, ip).with_connector(Connector::Nixl),
+        )
+    };
+    let p = spawn(Role::Prefill, [127, 0, 0, 2]).await.unwrap();
+    let d = spawn(Role::Decode, [127, 0, 0, 3]).await.unwrap();
+    let gw = started(
+        &[p.worker_spec(), d.worker_spec()],
+        "  cb_failure_threshold: 2\n  retry_max_retries: 1\n",
+    )
+    .await;
+    p.inject(Fault::FailStatus {
+        status: 503,
+        body: None,
+        count: Some(3),
+        matcher: FaultMatch::default(),
+    })
+    .await;
+    for _ in 0..3 {
+        let r = gw
+            .post(
+                "/v1/completions",
+                &json!({"model": "mock-model", "prompt": "x", "max_tokens": 2}),
+            )
+            .await;
+        assert!(r.status == 503, "{}", r.text());
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric_value(&m, "smg_worker_cb_state", &[("worker", &p.api_url())]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "smg_worker_cb_state", &[("worker", &d.api_url())]),
+        Some(0.0)
+    );
+    assert!(d.records().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_lands_on_another_pair_with_a_new_room_and_drops_the_first_legs() {
+    let p1 = sglang(Role::Prefill, [127, 0, 0, 2]).await;
+    let p2 = sglang(Role::Prefill, [127, 0, 0, 4]).await;
+    let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
+    let gw = started(&[p1.worker_spec(), p2.worker_spec(), d.worker_spec()], "").await;
+    // Round robin sends the first attempt to p1, which fails; the retry goes to p2.
+    p1.inject(Fault::FailStatus {
+        status: 503,
+        body: None,
+        count: Some(1),
+        matcher: FaultMatch::default(),
+    })
+    .await;
+    let r = gw.post("/generate", &generate()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let records = d.wait_records(2, Duration::from_secs(5)).await;
+    assert_eq!(records.len(), 2, "decode legs: {records:?}");
+    assert!(
+        records[0].outcome.cancelled,
+        "the first attempt's decode leg was not dropped"
+    );
+    let (r1, r2) = (
+        &records[0].body["bootstrap_room"],
+        &records[1].body["bootstrap_room"],
+    );
+    assert_ne!(r1, r2, "the retry reused the room");
+    assert_eq!(p2.records()[0].body["bootstrap_room"], *r2);
+    assert_eq!(
+        records[1].handoff.peer_addr.as_deref(),
+        Some(format!("{}:{}", p2.host(), p2.bootstrap_port().unwrap()).as_str())
+    );
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "smg_worker_retries_total",
+            &[("worker_type", "decode"), ("endpoint", "generate")]
+        ),
+        Some(1.0)
+    );
+    for e in [&p1, &p2, &d] {
+        assert!(
+            e.wait_idle(Duration::from_secs(5)).await,
+            "rooms left open: {:?}",
+            e.rooms()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_take_a_dead_decode_out_and_bring_it_back() {
+    let p = sglang(Role::Prefill, [127, 0, 0, 2]).await;
+    let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
+    let port = d.port();
+    let extra = "  health_failure_threshold: 1\n  health_success_threshold: 1\n  health_check_timeout_secs: 1\n  retry_max_retries: 1\n";
+    let gw = started(&[p.worker_spec(), d.worker_spec()], extra).await;
+    d.kill();
+    drop(d);
+    let mut out = false;
+    for _ in 0..100 {
+        if gw.get("/readiness").await.status == 503 {
+            out = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(out, "a dead decode stayed ready");
+    let w = gw.get("/workers").await.json();
+    let decode = w["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["worker_type"] == "decode")
+        .unwrap()
+        .clone();
+    assert_eq!(decode["status"], "not_ready");
+    assert_eq!(decode["is_healthy"], false);
+    assert_eq!(gw.post("/generate", &generate()).await.status, 503);
+
+    let mut cfg = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 0, 3]);
+    cfg.port = port;
+    let d2 = MockEngine::spawn(cfg).await.unwrap();
+    gw_wait_ready(&gw).await;
+    assert_eq!(gw.post("/generate", &generate()).await.status, 200);
+    assert_eq!(d2.records().len(), 1);
+}
+
+async fn gw_wait_ready(gw: &Gateway) {
+    for _ in 0..200 {
+        if gw.get("/readiness").await.status == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("never ready again");
+}
