@@ -29,6 +29,8 @@ pub struct Settings {
     /// Request-id headers, lowercase, checked in order.
     pub request_id_headers: Vec<String>,
     pub retry: RetrySettings,
+    /// `Retry-After` of an overload shed, seconds (the load monitor's interval).
+    pub overload_retry_after_secs: u64,
     /// What new workers start from (breaker, connect deadline, health checks).
     pub worker_defaults: WorkerDefaults,
     pub dp_aware: bool,
@@ -67,6 +69,7 @@ impl Settings {
             request_id_headers: cfg.request_id_header_names(),
             retry: cfg.retry(),
             worker_defaults: WorkerDefaults::from_config(cfg),
+            overload_retry_after_secs: cfg.overload().retry_after_secs,
             dp_aware: cfg.dp_aware,
             separate_admin: cfg.admin_addr().is_some(),
             drain_settle: cfg.health().drain_settle,

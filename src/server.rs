@@ -15,6 +15,7 @@ use crate::gateway::{Gateway, Settings};
 use crate::proxy::{Listener, PdGateway};
 use crate::workers::health::HealthChecker;
 use crate::workers::intake;
+use crate::workers::load::LoadMonitor;
 use crate::workers::select::LegPolicies;
 use crate::workers::Registry;
 
@@ -85,8 +86,16 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     server.add_service(background_service(
         "health checks",
         HealthChecker {
+            registry: registry.clone(),
+            settings: health.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "load monitor",
+        LoadMonitor {
             registry,
-            settings: health,
+            settings: cfg.overload(),
+            timeout: health.timeout,
         },
     ));
     Ok(server)

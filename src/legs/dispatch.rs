@@ -14,7 +14,7 @@ use crate::metrics::METRICS;
 use crate::policy::RoutingInput;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply};
-use crate::workers::select::select_pair;
+use crate::workers::select::{select_pair, SelectError};
 
 /// How one attempt ended.
 pub enum Attempt {
@@ -58,6 +58,12 @@ pub async fn serve(
         };
         let label = ctx.model_label.clone().unwrap_or_else(|| "unknown".into());
         let outcome = match select_pair(&snap, model, &policies, &input, &label) {
+            // An overload shed is final (SMG marks it terminal) and tells the client when to
+            // come back; other selection failures may clear up on a retry.
+            Err(e @ SelectError::Overloaded(_)) => Attempt::Refused(
+                Reply::error(e.code(), e.message())
+                    .with_retry_after(gw.settings.overload_retry_after_secs),
+            ),
             Err(e) => Attempt::Refused(Reply::error(e.code(), e.message()).retryable(true)),
             Ok(pair) => {
                 ctx.pair = Some(pair.clone());

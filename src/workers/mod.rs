@@ -4,6 +4,7 @@
 pub mod breaker;
 pub mod health;
 pub mod intake;
+pub mod load;
 pub mod pairing;
 pub mod registry;
 pub mod select;

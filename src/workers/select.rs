@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use crate::config::{self, GatewayConfig, PolicyKind};
 use crate::metrics::{HTTP, METRICS};
-use crate::policy::{self, Candidate, Policy, PolicyLeg, PolicyName, PolicyParams, RoutingInput};
+use crate::policy::{
+    self, Candidate, EngineLoad, Policy, PolicyLeg, PolicyName, PolicyParams, RoutingInput,
+};
 use pdgate_filters::errors::ErrorCode;
 
 use super::pairing::{compatible, Descriptor};
@@ -63,6 +65,8 @@ pub enum SelectError {
     PolicyDeclined(WorkerType, &'static str),
     /// Available workers on both legs, but no prefill pairs with an available decode.
     NoCompatiblePair(String),
+    /// Every available worker of the leg is overloaded (load monitor).
+    Overloaded(WorkerType),
 }
 
 impl SelectError {
@@ -70,6 +74,7 @@ impl SelectError {
     pub fn code(&self) -> ErrorCode {
         match self {
             SelectError::NoCompatiblePair(_) => ErrorCode::NoCompatiblePdPair,
+            SelectError::Overloaded(_) => ErrorCode::WorkerOverloadProtectionShed,
             _ => ErrorCode::NoAvailableWorkers,
         }
     }
@@ -89,6 +94,9 @@ impl SelectError {
                 format!("Policy {p} failed to select a {} worker", r.as_str())
             }
             SelectError::NoCompatiblePair(msg) => msg.clone(),
+            SelectError::Overloaded(r) => {
+                format!("All {} workers for this model are overloaded", r.as_str())
+            }
         }
     }
 }
@@ -132,6 +140,9 @@ pub fn select_pair(
     if !decode_ok.iter().any(|ok| *ok) {
         return Err(SelectError::NoneAvailable(WorkerType::Decode));
     }
+    // Overload protection: overloaded workers are skipped; a leg with nothing else is shed.
+    let decode_ok = shed_overloaded(&snap.decodes, decode_ok, WorkerType::Decode)?;
+    let prefill_ok = shed_overloaded(&snap.prefills, prefill_ok, WorkerType::Prefill)?;
     let pairable: Vec<usize> = (0..snap.prefills.len())
         .filter(|&i| prefill_ok[i] && snap.pairs[i].iter().any(|&d| decode_ok[d]))
         .collect();
@@ -171,6 +182,27 @@ pub fn select_pair(
     Ok(Pair { prefill, decode })
 }
 
+fn shed_overloaded(
+    workers: &[Arc<Worker>],
+    ok: Vec<bool>,
+    leg: WorkerType,
+) -> Result<Vec<bool>, SelectError> {
+    let kept: Vec<bool> = ok
+        .iter()
+        .zip(workers)
+        .map(|(ok, w)| *ok && !w.is_overloaded())
+        .collect();
+    if kept.iter().any(|k| *k) {
+        Ok(kept)
+    } else {
+        METRICS
+            .worker_overload_shed
+            .with_label_values(&["selection"])
+            .inc();
+        Err(SelectError::Overloaded(leg))
+    }
+}
+
 /// The `no_compatible_pd_pair` message: the components that differ and both legs' keys, for
 /// the first available prefill/decode combinations (also logged at warn).
 fn incompatibility(snap: &Snapshot, prefill_ok: &[bool], decode_ok: &[bool]) -> String {
@@ -205,12 +237,14 @@ fn incompatibility(snap: &Snapshot, prefill_ok: &[bool], decode_ok: &[bool]) -> 
 
 /// Runs `policy` over `list`; the index of its pick (after telling it the pick was taken).
 fn pick(policy: &dyn Policy, list: &[&Arc<Worker>], input: &RoutingInput<'_>) -> Option<usize> {
+    let loads: Vec<Option<EngineLoad>> = list.iter().map(|w| w.load()).collect();
     let cands: Vec<Candidate<'_>> = list
         .iter()
-        .map(|w| Candidate {
+        .zip(&loads)
+        .map(|(w, load)| Candidate {
             url: w.url(),
             in_flight: w.in_flight(),
-            load: None,
+            load: load.as_ref(),
         })
         .collect();
     let idx = policy.select(&cands, input)?;

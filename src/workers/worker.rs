@@ -5,7 +5,9 @@
 //! read on every selection without locks.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+
+use arc_swap::ArcSwapOption;
 use std::sync::{Arc, OnceLock};
 
 use pingora::upstreams::peer::HttpPeer;
@@ -14,6 +16,7 @@ use pingora_prometheus::prometheus::IntGauge;
 use super::breaker::Breaker;
 use crate::config::{CircuitBreakerSettings, RuntimeType, WorkerSpec, WorkerType};
 use crate::metrics::METRICS;
+use crate::policy::EngineLoad;
 
 /// Health status, SMG's state machine: `pending → ready ↔ not_ready → failed`; `draining` on removal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,6 +204,12 @@ pub struct Worker {
     in_flight: AtomicUsize,
     /// Fed by the legs sent to this worker.
     pub breaker: Breaker,
+    /// The engine's latest load report (load monitor).
+    load: ArcSwapOption<EngineLoad>,
+    /// At or above the overload thresholds in the latest report.
+    overloaded: AtomicBool,
+    /// Requests dispatched since the latest report (credited by least_load).
+    dispatched: AtomicU64,
     active_gauge: IntGauge,
 }
 
@@ -239,6 +248,9 @@ impl Worker {
             status: AtomicU8::new(initial as u8),
             in_flight: AtomicUsize::new(0),
             breaker,
+            load: ArcSwapOption::empty(),
+            overloaded: AtomicBool::new(false),
+            dispatched: AtomicU64::new(0),
             active_gauge,
         });
         w.publish_health();
@@ -340,8 +352,28 @@ impl Worker {
         }
     }
 
+    /// Records the load monitor's latest report (or its absence) and the overload verdict.
+    pub fn set_load(&self, report: Option<EngineLoad>, overloaded: bool) {
+        self.load.store(report.map(Arc::new));
+        self.dispatched.store(0, Ordering::Relaxed);
+        self.overloaded.store(overloaded, Ordering::Relaxed);
+    }
+
+    pub fn is_overloaded(&self) -> bool {
+        self.overloaded.load(Ordering::Relaxed)
+    }
+
+    /// The latest load report with the dispatches made since, for the policies.
+    pub fn load(&self) -> Option<EngineLoad> {
+        let report = self.load.load_full()?;
+        let mut l = (*report).clone();
+        l.dispatched_since_report = self.dispatched.load(Ordering::Relaxed);
+        Some(l)
+    }
+
     /// Counts one in-flight request until the returned guard drops.
     pub fn track(self: &Arc<Self>) -> InFlight {
+        self.dispatched.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_gauge.inc();
         InFlight(self.clone())

@@ -350,3 +350,67 @@ async fn gw_wait_ready(gw: &Gateway) {
     }
     panic!("never ready again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overloaded_legs_are_shed_with_retry_after_and_not_retried() {
+    let p = sglang(Role::Prefill, [127, 0, 0, 2]).await;
+    let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
+    let extra = "  worker_overload_waiting_requests: 2\n  load_monitor_interval: 1\n";
+    let gw = started(&[p.worker_spec(), d.worker_spec()], extra).await;
+    d.report_load(Some(mock_engine::LoadReport {
+        waiting: 5,
+        running: 1,
+        token_usage: 0.2,
+    }));
+    let mut shed = None;
+    for _ in 0..100 {
+        let r = gw.post("/generate", &generate()).await;
+        if r.status == 503 {
+            shed = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = shed.expect("the overloaded decode was never shed");
+    assert_eq!(
+        r.json()["error"]["code"],
+        "worker_overload_protection_shed",
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let (p_before, d_before) = (p.records().len(), d.records().len());
+    let r = gw.post("/generate", &generate()).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        (p.records().len(), d.records().len()),
+        (p_before, d_before),
+        "a shed request reached an engine"
+    );
+    let m = gw.metrics().await;
+    assert!(
+        metric_value(
+            &m,
+            "smg_worker_overload_shed_total",
+            &[("stage", "selection")]
+        )
+        .unwrap_or(0.0)
+            >= 2.0
+    );
+    assert_eq!(
+        metric_value(&m, "smg_worker_retries_total", &[("worker_type", "decode")]),
+        None,
+        "a shed was retried"
+    );
+
+    d.report_load(None);
+    let mut back = false;
+    for _ in 0..100 {
+        if gw.post("/generate", &generate()).await.status == 200 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(back, "the decode never came back after its load dropped");
+}

@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     pub bootstrap_up: AtomicBool,
     pub waiting: AtomicU64,
     pub running: AtomicU64,
+    /// A load report that replaces the live counters (tests of overload protection).
+    pub load_override: Mutex<Option<LoadReport>>,
     prefix_cache: Mutex<HashSet<u64>>,
     pub next_id: AtomicU64,
 }
@@ -895,12 +897,25 @@ pub(crate) fn stats(shared: &Shared) -> Stats {
     }
 }
 
-fn metrics_text(shared: &Shared) -> String {
-    let c = shared.counters.with(|c| c.clone());
-    let m = &shared.cfg.model;
+/// What the engine reports about its load: (running, waiting, KV usage 0..1).
+fn current_load(shared: &Shared) -> (u64, u64, f64) {
+    if let Some(o) = *shared
+        .load_override
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+    {
+        return (o.running, o.waiting, o.token_usage);
+    }
     let running = shared.running.load(Ordering::Relaxed);
     let waiting = shared.waiting.load(Ordering::Relaxed);
     let usage = (running as f64 * 64.0 / shared.cfg.kv_tokens.max(1) as f64).min(1.0);
+    (running, waiting, usage)
+}
+
+fn metrics_text(shared: &Shared) -> String {
+    let c = shared.counters.with(|c| c.clone());
+    let m = &shared.cfg.model;
+    let (running, waiting, usage) = current_load(shared);
     let mut s = String::new();
     let mut gauge = |name: &str, help: &str, labels: &str, v: f64| {
         s.push_str(&format!(
@@ -1034,11 +1049,10 @@ fn server_info(shared: &Shared) -> Value {
 }
 
 fn loads(shared: &Shared) -> Value {
-    let running = shared.running.load(Ordering::Relaxed);
-    let waiting = shared.waiting.load(Ordering::Relaxed);
+    let (running, waiting, usage) = current_load(shared);
     let dp = shared.cfg.dp_size.max(1) as u64;
     let kv = shared.cfg.kv_tokens as u64;
-    let used = (running * 64).min(kv);
+    let used = ((usage * kv as f64) as u64).min(kv);
     let rows: Vec<Value> = (0..dp)
         .map(|r| {
             let (run, wait) = if r == 0 { (running, waiting) } else { (0, 0) };
@@ -1163,6 +1177,15 @@ pub(crate) async fn api(
                 }
             }
         }
+        ("POST", "/mock/load") => {
+            let b = server::read_body(req.into_body()).await.unwrap_or_default();
+            let report = serde_json::from_slice::<LoadReport>(&b).ok();
+            *shared
+                .load_override
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = report;
+            server::json(200, &json!({"ok":true}))
+        }
         ("POST", "/mock/reset") => {
             reset(&shared).await;
             server::json(200, &json!({"ok":true}))
@@ -1263,6 +1286,7 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
         crashed: AtomicBool::new(false),
         bootstrap_up: AtomicBool::new(boot_l.is_some()),
         waiting: AtomicU64::new(0),
+        load_override: Mutex::new(None),
         running: AtomicU64::new(0),
         prefix_cache: Mutex::new(HashSet::new()),
         next_id: AtomicU64::new(1),
@@ -1347,4 +1371,12 @@ pub async fn wait_until(deadline: Duration, mut pred: impl FnMut() -> bool) -> b
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A load report forced on the engine (`POST /mock/load`; a body that is not a report clears it).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LoadReport {
+    pub waiting: u64,
+    pub running: u64,
+    pub token_usage: f64,
 }

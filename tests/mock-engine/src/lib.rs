@@ -43,7 +43,7 @@ pub use config::{
     Connector, EngineKind, Fault, FaultMatch, LoadFailurePolicy, MalformedParams, MockEngineConfig,
     Role,
 };
-pub use engine::{wait_until, RoomInfo};
+pub use engine::{wait_until, LoadReport, RoomInfo};
 pub use records::{Handoff, ItemHandoff, Outcome, ParsedFields, RequestRecord, Stats};
 
 /// A running mock engine. Dropping the handle kills it (listeners and connections closed).
@@ -122,6 +122,15 @@ impl MockEngine {
     /// Pinned prefill KV blocks (vLLM; `GET /mock/pinned`).
     pub fn pinned(&self) -> Vec<Value> {
         self.shared.vllm.pinned_list()
+    }
+
+    /// Forces the load the engine reports on `/v1/loads` and `/metrics` (`None`: the live one).
+    pub fn report_load(&self, report: Option<LoadReport>) {
+        *self
+            .shared
+            .load_override
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = report;
     }
 
     /// Activates a fault (`POST /mock/faults`).

@@ -1,0 +1,228 @@
+//! The load monitor: polls each worker's own load report every `load_monitor_interval`
+//! (SGLang `GET /v1/loads`, vLLM `GET /metrics`), keeps the latest report on the worker for the
+//! load-aware policies, and flags a worker overloaded at or above the configured thresholds
+//! (waiting requests summed over DP ranks, mean KV usage). Runs as a Pingora background service.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use serde_json::Value;
+
+use super::registry::Registry;
+use super::worker::{Status, Worker};
+use crate::config::{OverloadOverrides, OverloadSettings, RuntimeType};
+use crate::legs::client::{LegClient, LegRequest};
+use crate::metrics::METRICS;
+use crate::policy::EngineLoad;
+
+/// The thresholds that apply to one worker: its own `overload` overrides, else the global ones.
+pub fn thresholds(
+    global: &OverloadSettings,
+    o: Option<&OverloadOverrides>,
+) -> (Option<u64>, Option<f64>) {
+    match o {
+        Some(o) if o.waiting_requests.is_some() || o.token_usage.is_some() => {
+            (o.waiting_requests.map(|v| v as u64), o.token_usage)
+        }
+        _ => (
+            global.waiting_requests.map(|v| v as u64),
+            global.token_usage,
+        ),
+    }
+}
+
+/// Whether a report crosses the thresholds.
+pub fn is_overloaded(load: &EngineLoad, t: (Option<u64>, Option<f64>)) -> bool {
+    t.0.is_some_and(|w| load.waiting_requests >= w) || t.1.is_some_and(|u| load.token_usage >= u)
+}
+
+/// SGLang `/v1/loads`: the aggregate, else the per-rank rows summed (usage averaged).
+pub fn parse_sglang_loads(v: &Value) -> Option<EngineLoad> {
+    let agg = &v["aggregate"];
+    let rows = v["loads"].as_array();
+    let sum =
+        |key: &str| -> Option<f64> { rows.map(|r| r.iter().filter_map(|x| x[key].as_f64()).sum()) };
+    let waiting = agg["total_waiting_reqs"]
+        .as_f64()
+        .or_else(|| sum("num_waiting_reqs"))?;
+    let running = agg["total_running_reqs"]
+        .as_f64()
+        .or_else(|| sum("num_running_reqs"))
+        .unwrap_or(0.0);
+    let usage = agg["avg_token_usage"].as_f64().or_else(|| {
+        let r = rows?;
+        let vals: Vec<f64> = r.iter().filter_map(|x| x["token_usage"].as_f64()).collect();
+        (!vals.is_empty()).then(|| vals.iter().sum::<f64>() / vals.len() as f64)
+    });
+    Some(EngineLoad {
+        waiting_requests: waiting as u64,
+        running_requests: running as u64,
+        token_usage: usage.unwrap_or(0.0),
+        waiting_uncached_tokens: sum("num_waiting_uncached_tokens")
+            .filter(|t| *t > 0.0)
+            .map(|t| t as u64),
+        gen_throughput: sum("gen_throughput").filter(|t| *t > 0.0),
+        dispatched_since_report: 0,
+    })
+}
+
+/// vLLM `/metrics` (Prometheus text): waiting and running requests summed over label sets, KV
+/// usage averaged (`vllm:kv_cache_usage_perc`, or the older `vllm:gpu_cache_usage_perc`).
+pub fn parse_vllm_metrics(text: &str) -> Option<EngineLoad> {
+    let values = |name: &str| -> Vec<f64> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .collect()
+    };
+    let waiting = values("vllm:num_requests_waiting");
+    if waiting.is_empty() {
+        return None;
+    }
+    let mut usage = values("vllm:kv_cache_usage_perc");
+    if usage.is_empty() {
+        usage = values("vllm:gpu_cache_usage_perc");
+    }
+    Some(EngineLoad {
+        waiting_requests: waiting.iter().sum::<f64>() as u64,
+        running_requests: values("vllm:num_requests_running").iter().sum::<f64>() as u64,
+        token_usage: if usage.is_empty() {
+            0.0
+        } else {
+            usage.iter().sum::<f64>() / usage.len() as f64
+        },
+        waiting_uncached_tokens: None,
+        gen_throughput: None,
+        dispatched_since_report: 0,
+    })
+}
+
+pub struct LoadMonitor {
+    pub registry: Arc<Registry>,
+    pub settings: OverloadSettings,
+    pub timeout: Duration,
+}
+
+impl LoadMonitor {
+    async fn poll(&self, client: &LegClient, w: &Worker) -> Option<EngineLoad> {
+        let path = match w.runtime() {
+            RuntimeType::Vllm => "/metrics",
+            _ => "/v1/loads?include=core,disagg,queues,memory",
+        };
+        let full = w.address.path_for(path);
+        let req = LegRequest {
+            method: "GET",
+            path: &full,
+            host: &w.address.authority,
+            headers: &[],
+            body: Bytes::new(),
+        };
+        let fetch = async {
+            let mut leg = client.open(&w.peer, &req, self.timeout).await.ok()?;
+            let ok = leg.is_success();
+            let body = leg.read_to_end(4 << 20).await.ok()?;
+            client.release(leg, &w.peer).await;
+            ok.then_some(body)
+        };
+        let body = tokio::time::timeout(self.timeout, fetch)
+            .await
+            .ok()
+            .flatten()?;
+        match w.runtime() {
+            RuntimeType::Vllm => parse_vllm_metrics(&String::from_utf8_lossy(&body)),
+            _ => parse_sglang_loads(&serde_json::from_slice(&body).ok()?),
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for LoadMonitor {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let client = LegClient::new(64, Some(Duration::from_secs(30)));
+        loop {
+            let snap = self.registry.snapshot();
+            let polled: Vec<&Arc<Worker>> = snap
+                .all
+                .iter()
+                .filter(|w| w.status() == Status::Ready)
+                .collect();
+            let reports =
+                futures::future::join_all(polled.iter().map(|w| self.poll(&client, w))).await;
+            let mut overloaded = 0;
+            for (w, report) in polled.iter().zip(reports) {
+                let t = thresholds(&self.settings, w.spec.overload.as_ref());
+                let over = report.as_ref().is_some_and(|r| is_overloaded(r, t));
+                if over != w.is_overloaded() {
+                    log::warn!(
+                        "worker {} {} overloaded",
+                        w.url(),
+                        if over { "is" } else { "is no longer" }
+                    );
+                }
+                overloaded += usize::from(over);
+                w.set_load(report, over);
+            }
+            METRICS
+                .workers_overloaded
+                .with_label_values(&["all"])
+                .set(overloaded as i64);
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(self.settings.load_monitor_interval) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sglang_loads_sum_ranks_and_average_usage() {
+        let v = json!({"loads": [
+            {"num_waiting_reqs": 2, "num_running_reqs": 3, "token_usage": 0.5},
+            {"num_waiting_reqs": 1, "num_running_reqs": 1, "token_usage": 0.1}]});
+        let l = parse_sglang_loads(&v).unwrap();
+        assert_eq!((l.waiting_requests, l.running_requests), (3, 4));
+        assert!((l.token_usage - 0.3).abs() < 1e-9);
+        let agg = json!({"aggregate": {"total_waiting_reqs": 7, "total_running_reqs": 1, "avg_token_usage": 0.9}});
+        assert_eq!(parse_sglang_loads(&agg).unwrap().waiting_requests, 7);
+    }
+
+    #[test]
+    fn vllm_metrics_are_read_from_prometheus_text() {
+        let text = "# HELP x\nvllm:num_requests_waiting{model_name=\"m\"} 4\nvllm:num_requests_running{model_name=\"m\"} 2\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n";
+        let l = parse_vllm_metrics(text).unwrap();
+        assert_eq!((l.waiting_requests, l.running_requests), (4, 2));
+        assert!((l.token_usage - 0.25).abs() < 1e-9);
+        assert!(parse_vllm_metrics("other 1\n").is_none());
+    }
+
+    #[test]
+    fn thresholds_use_worker_overrides_first() {
+        let global = OverloadSettings {
+            waiting_requests: Some(10),
+            token_usage: None,
+            load_monitor_interval: Duration::from_secs(10),
+            retry_after_secs: 10,
+        };
+        let load = EngineLoad {
+            waiting_requests: 5,
+            token_usage: 0.95,
+            ..Default::default()
+        };
+        assert!(!is_overloaded(&load, thresholds(&global, None)));
+        let o = OverloadOverrides {
+            waiting_requests: None,
+            token_usage: Some(0.9),
+        };
+        assert!(is_overloaded(&load, thresholds(&global, Some(&o))));
+    }
+}
