@@ -29,6 +29,9 @@ pub struct Settings {
     /// Request-id headers, lowercase, checked in order.
     pub request_id_headers: Vec<String>,
     pub retry: RetrySettings,
+    /// How long `/health_generate` waits for each engine (the health-check timeout, at least 5 s:
+    /// the engines run a real generation).
+    pub health_generate_timeout: Duration,
     /// `Retry-After` of an overload shed, seconds (the load monitor's interval).
     pub overload_retry_after_secs: u64,
     /// What new workers start from (breaker, connect deadline, health checks).
@@ -70,6 +73,7 @@ impl Settings {
             retry: cfg.retry(),
             worker_defaults: WorkerDefaults::from_config(cfg),
             overload_retry_after_secs: cfg.overload().retry_after_secs,
+            health_generate_timeout: cfg.health().timeout.max(Duration::from_secs(5)),
             dp_aware: cfg.dp_aware,
             separate_admin: cfg.admin_addr().is_some(),
             drain_settle: cfg.health().drain_settle,

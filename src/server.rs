@@ -67,7 +67,7 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     server.add_service(proxy);
     if let Some(addr) = cfg.admin_addr() {
         let admin = PdGateway {
-            gw,
+            gw: gw.clone(),
             listener: Listener::Admin,
         };
         let mut service = pingora::proxy::http_proxy_service_with_name(
@@ -88,6 +88,8 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
         HealthChecker {
             registry: registry.clone(),
             settings: health.clone(),
+            dp_aware: cfg.dp_aware,
+            defaults: gw.settings.worker_defaults.clone(),
         },
     ));
     server.add_service(background_service(

@@ -4,8 +4,13 @@ pub mod auth;
 pub mod workers;
 
 use crate::config::WorkerType;
+use pdgate_filters::errors::ErrorCode;
+
 use crate::gateway::Gateway;
+use crate::policy::RoutingInput;
 use crate::reply::Reply;
+use crate::workers::intake::worker_get;
+use crate::workers::select::select_pair;
 
 /// `/readiness`: ready only with at least one healthy prefill and one healthy decode worker.
 pub fn readiness(gw: &Gateway) -> Reply {
@@ -35,6 +40,44 @@ pub fn readiness(gw: &Gateway) -> Reply {
                 "decode_healthy": decode,
             })
             .to_string(),
+        )
+    }
+}
+
+/// `/health_generate`: picks one prefill/decode pair as a request would and asks both engines'
+/// own `/health_generate` (each runs a tiny generation) at once. 200 when both pass; 503
+/// `health_generate_failed` naming the failing leg(s); 503 `no_healthy_worker_pair` when no
+/// pair can be chosen.
+pub async fn health_generate(gw: &Gateway) -> Reply {
+    let snap = gw.registry.snapshot();
+    let policies = gw.policies.load();
+    let pair = match select_pair(&snap, None, &policies, &RoutingInput::default(), "unknown") {
+        Ok(p) => p,
+        Err(e) => return Reply::error(ErrorCode::NoHealthyWorkerPair, e.message()),
+    };
+    let timeout = gw.settings.health_generate_timeout;
+    let (p, d) = tokio::join!(
+        worker_get(&gw.client, &pair.prefill, "/health_generate", timeout),
+        worker_get(&gw.client, &pair.decode, "/health_generate", timeout),
+    );
+    let failed: Vec<String> = [("prefill", &pair.prefill, p), ("decode", &pair.decode, d)]
+        .into_iter()
+        .filter(|(_, _, r)| !matches!(r, Some((true, _))))
+        .map(|(leg, w, _)| format!("{leg} {}", w.url()))
+        .collect();
+    if failed.is_empty() {
+        Reply::text(
+            200,
+            format!(
+                "Health generate passed on selected pair: prefill={}, decode={}",
+                pair.prefill.url(),
+                pair.decode.url()
+            ),
+        )
+    } else {
+        Reply::error(
+            ErrorCode::HealthGenerateFailed,
+            format!("Health generate failed on {}", failed.join(" and ")),
         )
     }
 }

@@ -30,14 +30,50 @@ use crate::workers::select::Pair;
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// Fresh rooms for one attempt: one per batch item, each uniform in [0, 2^63-1].
-pub fn mint_rooms(batch: Option<usize>) -> Rooms {
+///
+/// Under DP (`rank` of `size`), each room is chosen so that `room % size == rank`: engines that
+/// place a request by its room (SGLang's `follow_bootstrap_room`, TokenSpeed) then agree with
+/// the rank the gateway routed it to.
+pub fn mint_rooms(batch: Option<usize>, dp: Option<(u32, u32)>) -> Rooms {
+    let one = || {
+        let room = sglang::room_from_bits(rand::random());
+        match dp {
+            Some((rank, size)) if size > 1 && rank < size => {
+                let size = u64::from(size);
+                let aligned = room - room % size + u64::from(rank);
+                // Stay within [0, 2^63-1]: step back one period if the alignment overflowed it.
+                if aligned > i64::MAX as u64 {
+                    aligned - size
+                } else {
+                    aligned
+                }
+            }
+            _ => room,
+        }
+    };
     match batch {
-        None => Rooms::Single(sglang::room_from_bits(rand::random())),
-        Some(n) => Rooms::Batch(
-            (0..n)
-                .map(|_| sglang::room_from_bits(rand::random()))
-                .collect(),
-        ),
+        None => Rooms::Single(one()),
+        Some(n) => Rooms::Batch((0..n).map(|_| one()).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rooms_land_on_the_prefill_rank_under_dp() {
+        for _ in 0..1000 {
+            let Rooms::Single(r) = mint_rooms(None, Some((3, 4))) else {
+                unreachable!()
+            };
+            assert_eq!(r % 4, 3);
+            assert!(r <= i64::MAX as u64);
+        }
+        let Rooms::Batch(v) = mint_rooms(Some(5), Some((1, 2))) else {
+            unreachable!()
+        };
+        assert!(v.iter().all(|r| r % 2 == 1));
     }
 }
 
@@ -62,7 +98,12 @@ pub async fn attempt(
     pair: &Pair,
 ) -> Attempt {
     let s = &gw.settings;
-    let rooms = mint_rooms(req.facts.batch);
+    let dp_place = if s.dp_aware {
+        pair.prefill.address.dp_rank.zip(pair.prefill.spec.dp_size)
+    } else {
+        None
+    };
+    let rooms = mint_rooms(req.facts.batch, dp_place);
     ctx.room = Some(match &rooms {
         Rooms::Single(r) => *r,
         Rooms::Batch(v) => v.first().copied().unwrap_or(0),

@@ -31,7 +31,13 @@ pub async fn run(
     let endpoint = routes::resolve(&method, &path).and_then(|e| {
         // With a separate admin listener, the worker API lives there and PD routes stay here.
         let served = match (listener, &e) {
-            (Listener::Admin, Endpoint::Pd(_) | Endpoint::CountTokens | Endpoint::NotInPd) => false,
+            (
+                Listener::Admin,
+                Endpoint::Pd(_)
+                | Endpoint::CountTokens
+                | Endpoint::NotInPd
+                | Endpoint::HealthGenerate,
+            ) => false,
             (Listener::Data, Endpoint::Workers | Endpoint::Worker(_)) => {
                 !gw.settings.separate_admin
             }
@@ -80,6 +86,10 @@ pub async fn run(
     match endpoint {
         Endpoint::Health | Endpoint::Liveness => {
             reply::send(session, ctx, Reply::text(200, "OK")).await?;
+            Ok(true)
+        }
+        Endpoint::HealthGenerate => {
+            reply::send(session, ctx, admin::health_generate(gw).await).await?;
             Ok(true)
         }
         Endpoint::Readiness => {

@@ -15,6 +15,8 @@ pub enum Endpoint {
     /// `/v1/embeddings`, `/v1/classify`: not served in PD mode (501).
     NotInPd,
     Health,
+    /// `/health_generate`: one pair checked end to end.
+    HealthGenerate,
     Liveness,
     Readiness,
     /// `/workers` (list; register).
@@ -31,6 +33,7 @@ impl Endpoint {
             Endpoint::CountTokens => "/v1/messages/count_tokens",
             Endpoint::NotInPd => "unsupported",
             Endpoint::Health => "/health",
+            Endpoint::HealthGenerate => "/health_generate",
             Endpoint::Liveness => "/liveness",
             Endpoint::Readiness => "/readiness",
             Endpoint::Workers => "/workers",
@@ -71,6 +74,7 @@ pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, RouteRefusal> {
     };
     match path {
         "/health" => get_only(Endpoint::Health),
+        "/health_generate" => get_only(Endpoint::HealthGenerate),
         "/liveness" => get_only(Endpoint::Liveness),
         "/readiness" => get_only(Endpoint::Readiness),
         "/v1/embeddings" | "/v1/classify" => post_only(Endpoint::NotInPd),

@@ -14,15 +14,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use super::intake;
 use super::registry::Registry;
-use super::worker::{Status, Worker};
-use crate::config::HealthSettings;
-use crate::legs::client::{LegClient, LegRequest};
+use super::worker::{Status, Worker, WorkerDefaults};
+use crate::config::{HealthSettings, RuntimeType};
+use crate::legs::client::LegClient;
 
 #[derive(Default)]
 struct ProbeState {
@@ -35,12 +34,15 @@ struct ProbeState {
 pub struct HealthChecker {
     pub registry: Arc<Registry>,
     pub settings: HealthSettings,
+    /// `--dp-aware`: SGLang workers become one worker per DP rank once their size is known.
+    pub dp_aware: bool,
+    pub defaults: WorkerDefaults,
 }
 
 impl HealthChecker {
     /// Applies one probe result to a worker. Pure state-machine step, shared by tests.
     fn apply(&self, w: &Worker, st: &mut ProbeState, ok: bool, now: Instant) {
-        let s = &self.settings;
+        let s = &settings_for(&self.settings, w);
         if ok {
             st.consecutive_failures = 0;
             st.consecutive_successes += 1;
@@ -88,32 +90,57 @@ impl HealthChecker {
     }
 
     async fn probe(client: &LegClient, w: &Worker, s: &HealthSettings) -> bool {
-        let mut headers = Vec::new();
-        if let Some(key) = &w.spec.api_key {
-            if let Ok(v) = http::HeaderValue::from_str(&format!("Bearer {key}")) {
-                headers.push((http::header::AUTHORIZATION, v));
-            }
-        }
-        let path = w.address.path_for(&s.endpoint);
-        let req = LegRequest {
-            method: "GET",
-            path: &path,
-            host: &w.address.authority,
-            headers: &headers,
-            body: Bytes::new(),
-        };
-        let attempt = async {
-            let mut leg = client.open(&w.peer, &req, s.timeout).await.ok()?;
-            let ok = leg.is_success();
-            leg.read_to_end(64 * 1024).await.ok()?;
-            client.release(leg, &w.peer).await;
-            Some(ok)
-        };
         matches!(
-            tokio::time::timeout(s.timeout, attempt).await,
-            Ok(Some(true))
+            intake::worker_get(client, w, &s.endpoint, s.timeout).await,
+            Some((true, _))
         )
     }
+}
+
+impl HealthChecker {
+    /// `--dp-aware`: asks an SGLang worker its DP size and, above one, replaces it by one
+    /// logical worker per rank (`url@rank`).
+    async fn split_by_rank(&self, client: &LegClient, w: &Arc<Worker>) {
+        let size = match w.spec.dp_size {
+            Some(n) => Some(n),
+            None => intake::discover_dp_size(client, w, self.settings.timeout).await,
+        };
+        let Some(size) = size.filter(|n| *n > 1) else {
+            return;
+        };
+        let children = intake::expand_dp(w, size, &self.defaults);
+        if self.registry.expand(&w.id, children) {
+            log::info!(
+                "worker {} serves {size} DP ranks: registered {}@0..{}",
+                w.url(),
+                w.url(),
+                size - 1
+            );
+        }
+    }
+}
+
+/// The global health settings with the worker's own `health` overrides applied.
+fn settings_for(global: &HealthSettings, w: &Worker) -> HealthSettings {
+    let mut s = global.clone();
+    if let Some(o) = &w.spec.health {
+        if let Some(t) = o.timeout_secs {
+            s.timeout = Duration::from_secs(t);
+        }
+        if let Some(i) = o.check_interval_secs {
+            s.interval = Duration::from_secs(i);
+        }
+        if let Some(n) = o.success_threshold {
+            s.success_threshold = n;
+        }
+        if let Some(n) = o.failure_threshold {
+            s.failure_threshold = n;
+        }
+        if o.disable_health_check == Some(true) {
+            s.enabled = false;
+        }
+    }
+    s
 }
 
 #[async_trait]
@@ -129,26 +156,35 @@ impl BackgroundService for HealthChecker {
             let now = Instant::now();
             let snap = self.registry.snapshot();
             states.retain(|id, _| snap.by_id(id).is_some());
-            let due: Vec<Arc<Worker>> = snap
+            let due: Vec<(Arc<Worker>, HealthSettings)> = snap
                 .all
                 .iter()
                 .filter(|w| w.status() != Status::Draining)
-                .filter(|w| {
+                .filter_map(|w| {
+                    let settings = settings_for(&self.settings, w);
+                    if !settings.enabled {
+                        // Health checks off for this worker: it is ready as registered.
+                        if w.status() == Status::Pending {
+                            w.set_status(Status::Ready);
+                        }
+                        return None;
+                    }
                     let st = states.entry(w.id.clone()).or_default();
                     st.registered_at.get_or_insert(now);
-                    st.next_due.is_none_or(|t| t <= now)
+                    st.next_due
+                        .is_none_or(|t| t <= now)
+                        .then(|| (w.clone(), settings))
                 })
-                .cloned()
                 .collect();
             if !due.is_empty() {
-                let results = futures::future::join_all(
-                    due.iter().map(|w| Self::probe(&client, w, &self.settings)),
-                )
-                .await;
-                for (w, ok) in due.iter().zip(results) {
+                let client = &client;
+                let results =
+                    futures::future::join_all(due.iter().map(|(w, s)| Self::probe(client, w, s)))
+                        .await;
+                for ((w, _), ok) in due.iter().zip(results) {
                     // Registration asks the engine what it is before it takes traffic.
                     if ok && w.needs_discovery() {
-                        let found = intake::discover(&client, w, self.settings.timeout).await;
+                        let found = intake::discover(client, w, self.settings.timeout).await;
                         log::info!(
                             "worker {} is {} serving {:?}",
                             w.url(),
@@ -161,6 +197,13 @@ impl BackgroundService for HealthChecker {
                     }
                     if let Some(st) = states.get_mut(&w.id) {
                         self.apply(w, st, ok, Instant::now());
+                    }
+                    if ok
+                        && self.dp_aware
+                        && w.address.dp_rank.is_none()
+                        && w.runtime() == RuntimeType::Sglang
+                    {
+                        self.split_by_rank(client, w).await;
                     }
                 }
             }

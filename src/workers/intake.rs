@@ -66,6 +66,21 @@ pub async fn discover(client: &LegClient, w: &Worker, timeout: Duration) -> Disc
 }
 
 async fn get_json(client: &LegClient, w: &Worker, path: &str, timeout: Duration) -> Option<Value> {
+    match worker_get(client, w, path, timeout).await {
+        Some((true, body)) => serde_json::from_slice::<Value>(&body).ok(),
+        _ => None,
+    }
+}
+
+/// One control-plane `GET` to a worker (health probe, discovery, load report): the worker's
+/// path prefix, its registered `api_key` as a bearer token, a deadline on the whole exchange.
+/// Returns whether the status was 2xx and the body (at most 4 MiB); `None` on any failure.
+pub async fn worker_get(
+    client: &LegClient,
+    w: &Worker,
+    path: &str,
+    timeout: Duration,
+) -> Option<(bool, Bytes)> {
     let mut headers = Vec::new();
     if let Some(key) = &w.spec.api_key {
         if let Ok(v) = http::HeaderValue::from_str(&format!("Bearer {key}")) {
@@ -80,15 +95,44 @@ async fn get_json(client: &LegClient, w: &Worker, path: &str, timeout: Duration)
         headers: &headers,
         body: Bytes::new(),
     };
-    let attempt = async {
+    let exchange = async {
         let mut leg = client.open(&w.peer, &req, timeout).await.ok()?;
         let ok = leg.is_success();
-        let body = leg.read_to_end(1 << 20).await.ok()?;
+        let body = leg.read_to_end(4 << 20).await.ok()?;
         client.release(leg, &w.peer).await;
-        if !ok {
-            return None;
-        }
-        serde_json::from_slice::<Value>(&body).ok()
+        Some((ok, body))
     };
-    tokio::time::timeout(timeout, attempt).await.ok().flatten()
+    tokio::time::timeout(timeout, exchange).await.ok().flatten()
+}
+
+/// `--dp-aware`: one logical worker per data-parallel rank, `url@rank`, each carrying its rank
+/// and the DP size; legs still go to the base URL. Children start in the parent's state.
+pub fn expand_dp(parent: &Worker, dp_size: u32, defaults: &WorkerDefaults) -> Vec<Arc<Worker>> {
+    (0..dp_size)
+        .filter_map(|rank| {
+            let mut spec = parent.spec.clone();
+            spec.url = format!("{}@{rank}", parent.address.base_url);
+            spec.dp_rank = Some(rank);
+            spec.dp_size = Some(dp_size);
+            let address = WorkerAddress::parse(&spec.url).ok()?;
+            let child = Worker::new(
+                uuid::Uuid::new_v4().to_string(),
+                spec,
+                address,
+                parent.socket,
+                defaults,
+            );
+            child.inherit_state(parent);
+            Some(child)
+        })
+        .collect()
+}
+
+/// The DP size an SGLang engine reports in `/server_info` (or `/get_server_info`).
+pub async fn discover_dp_size(client: &LegClient, w: &Worker, timeout: Duration) -> Option<u32> {
+    let info = match get_json(client, w, "/server_info", timeout).await {
+        Some(v) => v,
+        None => get_json(client, w, "/get_server_info", timeout).await?,
+    };
+    info["dp_size"].as_u64().and_then(|n| u32::try_from(n).ok())
 }

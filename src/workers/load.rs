@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use serde_json::Value;
 
+use super::intake;
 use super::registry::Registry;
 use super::worker::{Status, Worker};
 use crate::config::{OverloadOverrides, OverloadSettings, RuntimeType};
-use crate::legs::client::{LegClient, LegRequest};
+use crate::legs::client::LegClient;
 use crate::metrics::METRICS;
 use crate::policy::EngineLoad;
 
@@ -114,25 +114,10 @@ impl LoadMonitor {
             RuntimeType::Vllm => "/metrics",
             _ => "/v1/loads?include=core,disagg,queues,memory",
         };
-        let full = w.address.path_for(path);
-        let req = LegRequest {
-            method: "GET",
-            path: &full,
-            host: &w.address.authority,
-            headers: &[],
-            body: Bytes::new(),
-        };
-        let fetch = async {
-            let mut leg = client.open(&w.peer, &req, self.timeout).await.ok()?;
-            let ok = leg.is_success();
-            let body = leg.read_to_end(4 << 20).await.ok()?;
-            client.release(leg, &w.peer).await;
-            ok.then_some(body)
-        };
-        let body = tokio::time::timeout(self.timeout, fetch)
-            .await
-            .ok()
-            .flatten()?;
+        let (ok, body) = intake::worker_get(client, w, path, self.timeout).await?;
+        if !ok {
+            return None;
+        }
         match w.runtime() {
             RuntimeType::Vllm => parse_vllm_metrics(&String::from_utf8_lossy(&body)),
             _ => parse_sglang_loads(&serde_json::from_slice(&body).ok()?),

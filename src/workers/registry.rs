@@ -136,6 +136,23 @@ impl Registry {
         true
     }
 
+    /// Replaces one worker by several (`--dp-aware`: a URL becomes one worker per rank), in
+    /// its position. False when the parent is gone or a child URL already exists.
+    pub fn expand(&self, parent_id: &str, children: Vec<Arc<Worker>>) -> bool {
+        let mode = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.current.load();
+        let Some(pos) = cur.all.iter().position(|w| w.id == parent_id) else {
+            return false;
+        };
+        if children.iter().any(|c| cur.by_url(c.url()).is_some()) {
+            return false;
+        }
+        let mut all = cur.all.clone();
+        all.splice(pos..=pos, children);
+        self.current.store(Arc::new(Snapshot::build(all, *mode)));
+        true
+    }
+
     /// Removes a worker by id; returns it if it was registered. In-flight requests keep their
     /// `Arc` and finish normally.
     pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {

@@ -195,6 +195,8 @@ pub struct Worker {
     /// The declared engine (`Unspecified` when detection decides).
     declared_runtime: RuntimeType,
     pub address: WorkerAddress,
+    /// The resolved address legs connect to.
+    pub socket: SocketAddr,
     /// Models declared in the spec; empty means "as discovered", or any.
     declared_models: Vec<String>,
     /// What registration learned from the engine (set once, before the worker turns ready).
@@ -242,6 +244,7 @@ impl Worker {
             declared_runtime: spec.runtime_type,
             spec,
             address,
+            socket: addr,
             declared_models,
             discovered: OnceLock::new(),
             peer,

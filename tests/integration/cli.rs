@@ -161,17 +161,41 @@ async fn launch_with_smg_flags_serves_pd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_config_serves_a_request() {
-    // conf/demo.yaml names fixed ports (below the ephemeral range, so free_port() never hands
-    // them to another test).
+    // conf/demo.yaml names fixed ports; run it as shipped except for the port numbers, so a
+    // running demo (or anything else on those ports) cannot collide with the test.
+    let text = std::fs::read_to_string(repo("conf/demo.yaml")).unwrap();
+    let (port, prom, p_port, p_boot, d_port) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
+    let mut conf = text.clone();
+    for (fixed, free) in [
+        (30000, port),
+        (29000, prom),
+        (31001, p_port),
+        (31901, p_boot),
+        (31002, d_port),
+    ] {
+        assert!(
+            conf.contains(&fixed.to_string()),
+            "demo.yaml no longer uses port {fixed}"
+        );
+        conf = conf.replace(&fixed.to_string(), &free.to_string());
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join("demo-conf.yaml");
+    std::fs::write(&path, conf).unwrap();
     let mut pc = MockEngineConfig::test(EngineKind::Sglang, Role::Prefill, [127, 0, 0, 1]);
-    pc.port = 31001;
-    pc.bootstrap_port = 31901;
+    pc.port = p_port;
+    pc.bootstrap_port = p_boot;
     let mut dc = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 0, 1]);
-    dc.port = 31002;
+    dc.port = d_port;
     let _p = MockEngine::spawn(pc).await.unwrap();
     let _d = MockEngine::spawn(dc).await.unwrap();
-    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("demo-conf.log");
-    let mut gw = Gateway::spawn(&repo("conf/demo.yaml"), 30000, 29000, log);
+    let mut gw = Gateway::spawn(&path, port, prom, dir.join("demo-conf.log"));
     gw.wait_ready().await;
     let r = gw
         .post("/v1/chat/completions", &json!({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))

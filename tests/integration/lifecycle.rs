@@ -414,3 +414,81 @@ async fn overloaded_legs_are_shed_with_retry_after_and_not_retried() {
     }
     assert!(back, "the decode never came back after its load dropped");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dp_aware_registers_one_worker_per_rank_and_legs_carry_the_ranks() {
+    let spawn = |role, ip: [u8; 4]| {
+        let mut c = MockEngineConfig::test(EngineKind::Sglang, role, ip);
+        c.dp_size = 2;
+        MockEngine::spawn(c)
+    };
+    let p = spawn(Role::Prefill, [127, 0, 0, 2]).await.unwrap();
+    let d = spawn(Role::Decode, [127, 0, 0, 3]).await.unwrap();
+    let reference = sglang(Role::Both, [127, 0, 0, 4]).await;
+    let gw = Gateway::start(&[p.worker_spec(), d.worker_spec()], "  dp_aware: true\n").await;
+    let mut urls = Vec::new();
+    for _ in 0..200 {
+        let w = gw.get("/workers").await.json();
+        let list = w["workers"].as_array().unwrap().clone();
+        if list.len() == 4 && list.iter().all(|w| w["status"] == "ready") {
+            urls = list
+                .iter()
+                .map(|w| w["url"].as_str().unwrap().to_string())
+                .collect();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    for want in [
+        format!("{}@0", p.api_url()),
+        format!("{}@1", p.api_url()),
+        format!("{}@0", d.api_url()),
+        format!("{}@1", d.api_url()),
+    ] {
+        assert!(urls.contains(&want), "{want} not registered: {urls:?}");
+    }
+    let body = json!({"text": "ranked", "sampling_params": {"max_new_tokens": 4}});
+    for _ in 0..4 {
+        let r = gw.post("/generate", &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let reference =
+            mock_engine::client::post_json(&format!("{}/generate", reference.api_url()), &body)
+                .await
+                .unwrap();
+        assert_eq!(
+            mock_engine::output::extract("/generate", false, &r.body).unwrap(),
+            mock_engine::output::extract("/generate", false, &reference.body).unwrap()
+        );
+    }
+    for (pr, dr) in p.records().iter().zip(d.records().iter()) {
+        assert_eq!(pr.path, "/generate", "legs go to the base URL");
+        let rank = pr.body["routed_dp_rank"]
+            .as_u64()
+            .expect("prefill leg carries routed_dp_rank");
+        assert_eq!(dr.body["disagg_prefill_dp_rank"].as_u64(), Some(rank));
+        assert!(dr.body["routed_dp_rank"].is_u64());
+        assert_eq!(
+            pr.body["bootstrap_room"].as_u64().unwrap() % 2,
+            rank,
+            "room not placed on the prefill's rank"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_generate_checks_one_pair_and_names_the_failing_leg() {
+    let p = sglang(Role::Prefill, [127, 0, 0, 2]).await;
+    let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
+    let extra = "  health_check_interval_secs: 60\n";
+    let gw = started(&[p.worker_spec(), d.worker_spec()], extra).await;
+    let r = gw.get("/health_generate").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains(&p.api_url()) && r.text().contains(&d.api_url()));
+    // The decode dies; its /health_generate fails before the periodic probe notices.
+    d.kill();
+    let r = gw.get("/health_generate").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "health_generate_failed");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("decode") && !msg.contains("prefill"), "{msg}");
+}
