@@ -16,6 +16,7 @@ pub mod handoff;
 pub mod json;
 pub mod logprobs;
 pub mod route;
+pub mod routing_text;
 pub mod sse;
 pub mod value;
 

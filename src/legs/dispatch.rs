@@ -50,11 +50,17 @@ pub async fn serve(
         let policies = gw.policies.load();
         let input = RoutingInput {
             text: req.routing.text.as_deref(),
-            token_ids: None,
+            token_ids: req.routing.token_ids.as_deref(),
             routing_key: req.routing.routing_key.as_deref(),
             target_worker: req.routing.target_worker.as_deref(),
             implicit_key: req.routing.implicit_key.as_deref(),
-            prompt_len: req.body.len(),
+            prompt_len: req
+                .routing
+                .text
+                .as_ref()
+                .map(|t| t.chars().count())
+                .or(req.routing.token_ids.as_ref().map(Vec::len))
+                .unwrap_or(0),
         };
         let label = ctx.model_label.clone().unwrap_or_else(|| "unknown".into());
         let outcome = match select_pair(&snap, model, &policies, &input, &label) {

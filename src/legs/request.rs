@@ -71,7 +71,9 @@ pub struct RoutingKeys {
     pub routing_key: Option<String>,
     pub target_worker: Option<String>,
     pub implicit_key: Option<String>,
+    /// The routing prompt, extracted only when a leg's policy needs it.
     pub text: Option<String>,
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// Everything the legs need about the client request, computed once in `request_filter`.

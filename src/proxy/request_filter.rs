@@ -176,7 +176,12 @@ async fn serve_pd(
     };
     ctx.streaming = facts.stream;
     ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref()));
-    let routing = routing_keys(session);
+    let mut routing = routing_keys(session);
+    if gw.policies.load().needs_text() {
+        let t = pdgate_filters::routing_text::routing_text(route, &body, &top);
+        routing.text = t.text;
+        routing.token_ids = t.token_ids;
+    }
     let forward = ForwardHeaders::from_client(session.req_header(), &ctx.request_id);
     let req = PdRequest {
         route,
@@ -268,6 +273,7 @@ fn routing_keys(session: &Session) -> RoutingKeys {
             .or_else(|| header_str(session, "cookie"))
             .map(str::to_string),
         text: None,
+        token_ids: None,
     }
 }
 

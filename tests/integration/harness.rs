@@ -32,8 +32,8 @@ pub struct Gateway {
 }
 
 /// Settings every test gateway gets unless the test overrides them (fast probes, short grace).
-const TEST_DEFAULTS: &str =
-    "  worker_startup_check_interval: 1\n  health_check_interval_secs: 1\n  log_level: info\n";
+const TEST_DEFAULTS: &str = "  policy: round_robin\n  worker_startup_check_interval: 1\n  \
+                             health_check_interval_secs: 1\n  log_level: info\n";
 
 impl Gateway {
     /// Starts `pdgate run` with `workers` (POST /workers bodies) and extra `gateway:` keys
@@ -59,7 +59,6 @@ impl Gateway {
             format!("  port: {port}"),
             "  prometheus_host: 127.0.0.1".into(),
             format!("  prometheus_port: {prometheus_port}"),
-            "  policy: round_robin".into(),
             String::new(),
         ]
         .join("\n");
@@ -88,6 +87,7 @@ impl Gateway {
         std::fs::write(&conf, yaml).expect("write the test config");
         let mut gw = Gateway::spawn(&conf, port, prometheus_port, log);
         gw.wait_http("/health", Duration::from_secs(20)).await;
+        gw.wait_metrics(Duration::from_secs(20)).await;
         gw
     }
 
@@ -139,6 +139,19 @@ impl Gateway {
             "gateway did not answer {path} 200 within {deadline:?}\n{}",
             self.log()
         );
+    }
+
+    /// Waits until the Prometheus listener answers (it starts as its own service).
+    async fn wait_metrics(&self, deadline: Duration) {
+        let url = format!("http://127.0.0.1:{}/metrics", self.prometheus_port);
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if matches!(client::get(&url).await, Ok(r) if r.status == 200) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the Prometheus listener never answered\n{}", self.log());
     }
 
     /// Waits until `/readiness` is 200 (a healthy prefill and decode).

@@ -4,6 +4,8 @@
 mod cli;
 mod harness;
 mod lifecycle;
+mod policies;
+mod moriio;
 mod sglang;
 mod vllm;
 mod workers;
