@@ -76,7 +76,9 @@ pub async fn serve(
                 drop(snap);
                 // A MoRI-IO decode decides the path (it cannot recompute, so it never falls back);
                 // otherwise the prefill's runtime picks the dispatch mode.
-                if moriio::is_moriio(&pair.decode) {
+                // A MoRI-IO prefill paired with anything else is refused there too ("a leg that
+                // is not a MoRIIOConnector worker"), rather than silently running passthrough.
+                if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
                     moriio::attempt(gw, session, ctx, &req, &pair).await
                 } else if pair.prefill.runtime() == RuntimeType::Vllm {
                     sequential::attempt(gw, session, ctx, &req, &pair).await
