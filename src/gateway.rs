@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::config::{GatewayConfig, RetrySettings};
+use crate::config::{
+    ConfigSource, GatewayConfig, HealthSettings, LoadedConfig, OverloadSettings, RetrySettings,
+};
 use crate::legs::client::LegClient;
 use crate::workers::select::LegPolicies;
 use crate::workers::worker::WorkerDefaults;
-use crate::workers::Registry;
+use crate::workers::{Registry, Status, Worker};
 
 /// The data plane's view of the config: durations and caps, computed once.
 #[derive(Clone, Debug)]
@@ -44,6 +46,8 @@ pub struct Settings {
     pub pool_size: usize,
     /// Idle lifetime of a pooled engine connection (`None`: unlimited).
     pub pool_idle: Option<Duration>,
+    pub health: HealthSettings,
+    pub overload: OverloadSettings,
 }
 
 /// The backoff before attempt `k + 1` (k from 0): the config's base delay ± jitter.
@@ -77,6 +81,8 @@ impl Settings {
             dp_aware: cfg.dp_aware,
             separate_admin: cfg.admin_addr().is_some(),
             drain_settle: cfg.health().drain_settle,
+            health: cfg.health(),
+            overload: cfg.overload(),
             pool_size: 256,
             pool_idle: t.upstream_pool_idle,
         }
@@ -119,23 +125,85 @@ impl Default for ModelLabels {
     }
 }
 
+/// The running gateway's state. Settings, config and policies are swapped whole on reload;
+/// a request reads them once (`settings()`) and keeps that view to its end.
 pub struct Gateway {
-    pub settings: Settings,
+    settings: ArcSwap<Settings>,
+    config: ArcSwap<GatewayConfig>,
+    /// Where the config came from (what SIGHUP / `POST /reload` re-reads).
+    pub source: ConfigSource,
+    /// The config the process started with: listeners and Pingora settings are bound from it
+    /// and cannot change without a graceful upgrade.
+    startup: LoadedConfig,
     pub registry: Arc<Registry>,
     pub policies: ArcSwap<LegPolicies>,
     pub client: Arc<LegClient>,
     pub model_labels: ModelLabels,
+    /// Serializes reloads (SIGHUP and `POST /reload` may race).
+    pub reload_lock: tokio::sync::Mutex<()>,
 }
 
 impl Gateway {
-    pub fn new(settings: Settings, registry: Arc<Registry>, policies: LegPolicies) -> Gateway {
+    pub fn new(startup: LoadedConfig, registry: Arc<Registry>, policies: LegPolicies) -> Gateway {
+        let cfg = startup.gateway.clone();
+        let source = startup.source.clone();
+        let settings = Settings::from_config(&cfg);
         let client = Arc::new(LegClient::new(settings.pool_size, settings.pool_idle));
         Gateway {
-            settings,
+            settings: ArcSwap::from_pointee(settings),
+            config: ArcSwap::from_pointee(cfg),
+            source,
+            startup,
             registry,
             policies: ArcSwap::from_pointee(policies),
             client,
             model_labels: ModelLabels::new(),
+            reload_lock: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The current settings (a reload swaps in new ones; holders keep theirs).
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings.load_full()
+    }
+
+    /// The config the current settings came from.
+    pub fn config(&self) -> Arc<GatewayConfig> {
+        self.config.load_full()
+    }
+
+    /// The config the process started with (for what a reload cannot change).
+    pub fn startup_config(&self) -> &LoadedConfig {
+        &self.startup
+    }
+
+    /// Registers a worker and tells its leg's policy; false when its URL is taken.
+    pub fn admit(&self, worker: Arc<Worker>) -> bool {
+        if self.registry.add(worker.clone()).is_err() {
+            return false;
+        }
+        self.policies.load().worker_added(&worker);
+        true
+    }
+
+    /// Stops routing to a worker at once (`draining`) and removes it after `drain_settle`.
+    /// Requests already on it finish normally: they hold their own reference.
+    pub fn retire(self: &Arc<Self>, worker: Arc<Worker>) {
+        worker.set_status(Status::Draining);
+        let gw = self.clone();
+        let settle = self.settings().drain_settle;
+        tokio::spawn(async move {
+            tokio::time::sleep(settle).await;
+            if gw.registry.remove(&worker.id).is_some() {
+                gw.policies.load().worker_removed(&worker);
+                log::info!("worker {} removed", worker.url());
+            }
+        });
+    }
+
+    /// Swaps in a validated new config (reload).
+    pub fn swap_config(&self, cfg: GatewayConfig) {
+        self.settings.store(Arc::new(Settings::from_config(&cfg)));
+        self.config.store(Arc::new(cfg));
     }
 }

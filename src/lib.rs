@@ -11,6 +11,7 @@ pub mod legs;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;
+pub mod reload;
 pub mod reply;
 pub mod server;
 pub mod workers;

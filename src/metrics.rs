@@ -51,6 +51,7 @@ pub struct Metrics {
     pub workers_overloaded: IntGaugeVec,
     pub worker_errors: IntCounterVec,
     pub http_responses: IntCounterVec,
+    pub config_reloads: IntCounterVec,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -222,6 +223,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "smg_worker_errors_total",
         "Failed legs by worker type and error type",
         &["worker_type", "connection_mode", "error_type"],
+    ),
+    config_reloads: counter_vec(
+        "pdgate_config_reloads_total",
+        "Config reloads (SIGHUP, POST /reload) by result",
+        &["result"],
     ),
     http_responses: counter_vec(
         "smg_http_responses_total",

@@ -11,12 +11,14 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 
 use crate::config::LoadedConfig;
-use crate::gateway::{Gateway, Settings};
+use crate::gateway::Gateway;
 use crate::proxy::{Listener, PdGateway};
+use crate::reload::ReloadOnHangup;
 use crate::workers::health::HealthChecker;
 use crate::workers::intake;
 use crate::workers::load::LoadMonitor;
 use crate::workers::select::LegPolicies;
+use crate::workers::worker::{Origin, WorkerDefaults};
 use crate::workers::Registry;
 
 /// Why the server could not be built (shown to the operator, exit code 1).
@@ -33,16 +35,16 @@ impl std::fmt::Display for BuildError {
 pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     crate::metrics::init();
     let startup: Vec<_> = loaded.startup_workers().cloned().collect();
-    let LoadedConfig {
-        server_conf,
-        gateway: cfg,
-        ..
-    } = loaded;
-    let settings = Settings::from_config(&cfg);
+    let cfg = loaded.gateway.clone();
+    // Pingora's ServerConf is not Clone; the gateway keeps a copy of the startup settings so a
+    // reload can report what it cannot change in place.
+    let server_conf = serde_yaml::to_value(&loaded.server_conf)
+        .and_then(serde_yaml::from_value)
+        .map_err(|e| BuildError(format!("copying the server settings: {e}")))?;
+    let defaults = WorkerDefaults::from_config(&cfg);
     let registry = Arc::new(Registry::new(cfg.pd_pairing_mode));
-    let health = cfg.health();
     for spec in &startup {
-        let worker = intake::startup_worker(spec, &settings.worker_defaults)
+        let worker = intake::startup_worker(spec, &defaults, Origin::Config)
             .map_err(|e| BuildError(format!("worker {}: {e}", spec.url)))?;
         registry
             .add(worker)
@@ -52,7 +54,10 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     for w in &registry.snapshot().all {
         policies.worker_added(w);
     }
-    let gw = Arc::new(Gateway::new(settings, registry.clone(), policies));
+    let listen = cfg.listen_addr();
+    let admin_addr = cfg.admin_addr();
+    let prometheus_addr = cfg.prometheus_addr();
+    let gw = Arc::new(Gateway::new(loaded, registry, policies));
 
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
@@ -63,9 +68,9 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     };
     let mut proxy =
         pingora::proxy::http_proxy_service_with_name(&server.configuration, data, "pdgate");
-    proxy.add_tcp(&cfg.listen_addr());
+    proxy.add_tcp(&listen);
     server.add_service(proxy);
-    if let Some(addr) = cfg.admin_addr() {
+    if let Some(addr) = admin_addr {
         let admin = PdGateway {
             gw: gw.clone(),
             listener: Listener::Admin,
@@ -80,25 +85,17 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     }
 
     let mut prometheus = pingora_prometheus::prometheus_http_service();
-    prometheus.add_tcp(&cfg.prometheus_addr());
+    prometheus.add_tcp(&prometheus_addr);
     server.add_service(prometheus);
 
     server.add_service(background_service(
         "health checks",
-        HealthChecker {
-            registry: registry.clone(),
-            settings: health.clone(),
-            dp_aware: cfg.dp_aware,
-            defaults: gw.settings.worker_defaults.clone(),
-        },
+        HealthChecker { gw: gw.clone() },
     ));
     server.add_service(background_service(
         "load monitor",
-        LoadMonitor {
-            registry,
-            settings: cfg.overload(),
-            timeout: health.timeout,
-        },
+        LoadMonitor { gw: gw.clone() },
     ));
+    server.add_service(background_service("config reload", ReloadOnHangup { gw }));
     Ok(server)
 }

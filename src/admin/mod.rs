@@ -55,7 +55,7 @@ pub async fn health_generate(gw: &Gateway) -> Reply {
         Ok(p) => p,
         Err(e) => return Reply::error(ErrorCode::NoHealthyWorkerPair, e.message()),
     };
-    let timeout = gw.settings.health_generate_timeout;
+    let timeout = gw.settings().health_generate_timeout;
     let (p, d) = tokio::join!(
         worker_get(&gw.client, &pair.prefill, "/health_generate", timeout),
         worker_get(&gw.client, &pair.decode, "/health_generate", timeout),
@@ -79,5 +79,24 @@ pub async fn health_generate(gw: &Gateway) -> Reply {
             ErrorCode::HealthGenerateFailed,
             format!("Health generate failed on {}", failed.join(" and ")),
         )
+    }
+}
+
+/// `POST /reload`: the SIGHUP reload, on demand (admin-protected). 200 with what changed; 400
+/// with the reason when the file is invalid (then nothing changed).
+pub async fn reload(gw: &std::sync::Arc<Gateway>, session: &mut pingora::proxy::Session) -> Reply {
+    if !auth::may_mutate(&gw.settings(), session) {
+        session.set_keepalive(None);
+        return Reply::error(
+            ErrorCode::Forbidden,
+            "reload is accepted only from trusted (loopback) peers when no api_key is configured",
+        );
+    }
+    match crate::reload::reload(gw).await {
+        Ok(report) => Reply::json(200, report.to_json().to_string()),
+        Err(reason) => Reply::error(
+            ErrorCode::InvalidRequest,
+            format!("reload rejected, nothing changed: {reason}"),
+        ),
     }
 }

@@ -18,8 +18,8 @@ use crate::proxy::body::read_body;
 use crate::proxy::routes::Endpoint;
 use crate::reply::{Reply, JSON};
 use crate::workers::pairing::Descriptor;
-use crate::workers::registry::RegisterError;
-use crate::workers::{intake, Status, Worker};
+use crate::workers::worker::Origin;
+use crate::workers::{intake, Worker};
 
 /// Largest worker spec accepted.
 const SPEC_LIMIT: usize = 1 << 20;
@@ -27,9 +27,9 @@ const SPEC_LIMIT: usize = 1 << 20;
 pub async fn handle(gw: &Arc<Gateway>, session: &mut Session, endpoint: &Endpoint) -> Reply {
     let method = session.req_header().method.clone();
     let mutating = method != http::Method::GET && method != http::Method::HEAD;
-    if mutating && !auth::may_mutate(&gw.settings, session) {
+    if mutating && !auth::may_mutate(&gw.settings(), session) {
         session.set_keepalive(None);
-        return if gw.settings.api_key.is_some() {
+        return if gw.settings().api_key.is_some() {
             admin_error(ErrorCode::Unauthorized, "missing or invalid API key")
         } else {
             admin_error(
@@ -53,7 +53,7 @@ pub async fn handle(gw: &Arc<Gateway>, session: &mut Session, endpoint: &Endpoin
         },
         (Endpoint::Worker(id), http::Method::DELETE) => remove(gw, id),
         (Endpoint::Worker(id), http::Method::PATCH) => {
-            let body = match read_body(session, SPEC_LIMIT, gw.settings.body_read_timeout).await {
+            let body = match read_body(session, SPEC_LIMIT, gw.settings().body_read_timeout).await {
                 Ok(b) => b,
                 Err(r) => return r.reply,
             };
@@ -82,7 +82,7 @@ fn query_param(query: Option<&str>, key: &str) -> Option<String> {
 }
 
 async fn read_spec(gw: &Gateway, session: &mut Session) -> Result<WorkerSpec, Reply> {
-    let body = read_body(session, SPEC_LIMIT, gw.settings.body_read_timeout)
+    let body = read_body(session, SPEC_LIMIT, gw.settings().body_read_timeout)
         .await
         .map_err(|r| r.reply)?;
     let spec = WorkerSpec::from_json(&body)
@@ -108,7 +108,12 @@ fn check_spec(spec: &WorkerSpec) -> Result<(), Reply> {
 }
 
 /// Builds the live worker, resolving its host off the reactor.
-async fn build_worker(gw: &Gateway, id: String, spec: WorkerSpec) -> Result<Arc<Worker>, Reply> {
+pub async fn build_worker(
+    gw: &Gateway,
+    id: String,
+    spec: WorkerSpec,
+    origin: Origin,
+) -> Result<Arc<Worker>, Reply> {
     let address = crate::workers::WorkerAddress::parse(&spec.url)
         .map_err(|e| admin_error(ErrorCode::BadRequest, &e))?;
     let lookup = address.clone();
@@ -121,7 +126,8 @@ async fn build_worker(gw: &Gateway, id: String, spec: WorkerSpec) -> Result<Arc<
         spec,
         address,
         addr,
-        &gw.settings.worker_defaults,
+        &gw.settings().worker_defaults,
+        origin,
     ))
 }
 
@@ -131,16 +137,20 @@ async fn register(gw: &Gateway, spec: WorkerSpec) -> Reply {
         return duplicate(&spec.url, &existing.id);
     }
     let id = uuid::Uuid::new_v4().to_string();
-    let worker = match build_worker(gw, id.clone(), spec).await {
+    let worker = match build_worker(gw, id.clone(), spec, Origin::Api).await {
         Ok(w) => w,
         Err(r) => return r,
     };
     let url = worker.url().to_string();
-    match gw.registry.add(worker.clone()) {
-        Ok(()) => {}
-        Err(RegisterError::Duplicate(existing)) => return duplicate(&url, &existing),
+    if !gw.admit(worker.clone()) {
+        let existing = gw
+            .registry
+            .snapshot()
+            .by_url(&url)
+            .map(|w| w.id.clone())
+            .unwrap_or_default();
+        return duplicate(&url, &existing);
     }
-    gw.policies.load().worker_added(&worker);
     log::info!(
         "worker {url} ({}) registered as {id}",
         worker.role().as_str()
@@ -182,34 +192,23 @@ fn lookup(gw: &Gateway, id: &str) -> Result<Arc<Worker>, Reply> {
         .ok_or_else(|| admin_error(ErrorCode::WorkerNotFound, &format!("Worker {id} not found")))
 }
 
-/// Stops routing to the worker at once (`draining`), removes it after `drain_settle`. Requests
-/// already on it finish normally: they hold their own reference.
+/// `DELETE`: draining at once, removed after `drain_settle`.
 fn remove(gw: &Arc<Gateway>, id: &str) -> Reply {
     let w = match lookup(gw, id) {
         Ok(w) => w,
         Err(r) => return r,
     };
-    {
-        w.set_status(Status::Draining);
-        let (gw2, w2) = (gw.clone(), w.clone());
-        let settle = gw.settings.drain_settle;
-        tokio::spawn(async move {
-            tokio::time::sleep(settle).await;
-            if gw2.registry.remove(&w2.id).is_some() {
-                gw2.policies.load().worker_removed(&w2);
-                log::info!("worker {} removed", w2.url());
-            }
-        });
-        Reply::json(
-            202,
-            json!({
-                "status": "accepted",
-                "worker_id": w.id,
-                "message": "Worker removal queued for background processing",
-            })
-            .to_string(),
-        )
-    }
+    let id = w.id.clone();
+    gw.retire(w);
+    Reply::json(
+        202,
+        json!({
+            "status": "accepted",
+            "worker_id": id,
+            "message": "Worker removal queued for background processing",
+        })
+        .to_string(),
+    )
 }
 
 /// `PATCH`: `priority`, `cost`, `labels` (merged), `api_key`, `health`. The worker is re-created
@@ -268,7 +267,7 @@ async fn swap_in(gw: &Gateway, current: &Arc<Worker>, spec: WorkerSpec) -> Reply
     if let Err(r) = check_spec(&spec) {
         return r;
     }
-    let worker = match build_worker(gw, current.id.clone(), spec).await {
+    let worker = match build_worker(gw, current.id.clone(), spec, current.origin).await {
         Ok(w) => w,
         Err(r) => return r,
     };

@@ -41,8 +41,9 @@ pub async fn serve(
     ctx: &mut RequestCtx,
     req: PdRequest,
 ) -> Served {
-    let retry = &gw.settings.retry;
-    let deadline = ctx.started + gw.settings.request_timeout;
+    let settings = gw.settings();
+    let retry = &settings.retry;
+    let deadline = ctx.started + settings.request_timeout;
     let model = req.facts.model.as_deref();
     loop {
         ctx.attempts += 1;
@@ -68,7 +69,7 @@ pub async fn serve(
             // come back; other selection failures may clear up on a retry.
             Err(e @ SelectError::Overloaded(_)) => Attempt::Refused(
                 Reply::error(e.code(), e.message())
-                    .with_retry_after(gw.settings.overload_retry_after_secs),
+                    .with_retry_after(settings.overload_retry_after_secs),
             ),
             Err(e) => Attempt::Refused(Reply::error(e.code(), e.message()).retryable(true)),
             Ok(pair) => {

@@ -141,7 +141,7 @@ impl Legs<'_> {
     /// The decode's head may take the whole request when it is not streamed (it answers only
     /// when done).
     fn decode_head_timeout(&self) -> std::time::Duration {
-        let s = &self.gw.settings;
+        let s = self.gw.settings();
         if self.req.facts.stream {
             s.decode_first_byte_timeout
         } else {
@@ -187,7 +187,7 @@ async fn sequential(
     prefill_body: Bytes,
 ) -> Attempt {
     let (gw, req, pair) = (legs.gw, legs.req, legs.pair);
-    let s = &gw.settings;
+    let s = gw.settings();
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let prefill_req = legs.leg(&pair.prefill, &prefill_path, prefill_body);
     let prefill_in_flight = pair.prefill.track();
@@ -243,7 +243,7 @@ async fn concurrent(
     decode_params: &[u8],
 ) -> Attempt {
     let (gw, req, pair) = (legs.gw, legs.req, legs.pair);
-    let s = &gw.settings;
+    let s = gw.settings();
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let prefill_req = legs.leg(&pair.prefill, &prefill_path, prefill_body);
     let decode_path = pair.decode.address.path_for(legs.route_path());

@@ -97,7 +97,7 @@ pub async fn attempt(
     req: &PdRequest,
     pair: &Pair,
 ) -> Attempt {
-    let s = &gw.settings;
+    let s = gw.settings();
     let dp_place = if s.dp_aware {
         pair.prefill.address.dp_rank.zip(pair.prefill.spec.dp_size)
     } else {

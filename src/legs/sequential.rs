@@ -103,7 +103,7 @@ pub async fn attempt(
     req: &PdRequest,
     pair: &Pair,
 ) -> Attempt {
-    let s = &gw.settings;
+    let s = gw.settings();
     let connector = Connector::from_name(pair.prefill.spec.kv_connector.as_deref());
     METRICS
         .pd_kv_connector_mode
@@ -296,7 +296,7 @@ pub(crate) async fn finish(
     dispatched: Instant,
     labels: PdLabels,
 ) -> Attempt {
-    let s = &gw.settings;
+    let s = gw.settings();
     let plan = RelayPlan {
         streaming: req.facts.stream,
         // No prefill body to merge from; a logprob request still gets a JSON body built by us.
@@ -352,6 +352,7 @@ mod tests {
             address,
             "127.0.0.1:1".parse().unwrap(),
             &defaults,
+            crate::workers::worker::Origin::Config,
         )
     }
 

@@ -38,8 +38,8 @@ pub async fn run(
                 | Endpoint::NotInPd
                 | Endpoint::HealthGenerate,
             ) => false,
-            (Listener::Data, Endpoint::Workers | Endpoint::Worker(_)) => {
-                !gw.settings.separate_admin
+            (Listener::Data, Endpoint::Workers | Endpoint::Worker(_) | Endpoint::Reload) => {
+                !gw.settings().separate_admin
             }
             _ => true,
         };
@@ -71,7 +71,7 @@ pub async fn run(
     };
     ctx.endpoint = Some(endpoint.clone());
 
-    if endpoint.needs_api_key() && !admin::auth::has_api_key(&gw.settings, session) {
+    if endpoint.needs_api_key() && !admin::auth::has_api_key(&gw.settings(), session) {
         refuse_unread(session);
         reply::send(
             session,
@@ -114,6 +114,11 @@ pub async fn run(
             reply::send(session, ctx, reply).await?;
             Ok(true)
         }
+        Endpoint::Reload => {
+            let reply = admin::reload(gw, session).await;
+            reply::send(session, ctx, reply).await?;
+            Ok(true)
+        }
         Endpoint::CountTokens => count_tokens(gw, session, ctx).await,
         Endpoint::Pd(route) => serve_pd(gw, session, ctx, route).await,
     }
@@ -139,8 +144,8 @@ async fn serve_pd(
 ) -> pingora::Result<bool> {
     let body = match read_body(
         session,
-        gw.settings.max_payload_size,
-        gw.settings.body_read_timeout,
+        gw.settings().max_payload_size,
+        gw.settings().body_read_timeout,
     )
     .await
     {
@@ -210,7 +215,7 @@ async fn count_tokens(
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|l| l > gw.settings.max_payload_size) {
+    if declared.is_some_and(|l| l > gw.settings().max_payload_size) {
         refuse_unread(session);
         reply::send(
             session,
@@ -280,7 +285,7 @@ fn routing_keys(session: &Session) -> RoutingKeys {
 /// The request id: the first configured request-id header the client sent, else a new id with
 /// the route's prefix (`chatcmpl-`, `cmpl-`, `gnt-`, `resp-`, `msg_`, `req-`) and 24 alphanumerics.
 fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> String {
-    for name in &gw.settings.request_id_headers {
+    for name in &gw.settings().request_id_headers {
         if let Some(v) = header_str(session, name) {
             if v.len() <= 256 && v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
                 return v.to_string();

@@ -23,6 +23,8 @@ pub enum Endpoint {
     Workers,
     /// `/workers/{id}`.
     Worker(String),
+    /// `POST /reload`: re-read the config file (as SIGHUP).
+    Reload,
 }
 
 impl Endpoint {
@@ -38,6 +40,7 @@ impl Endpoint {
             Endpoint::Readiness => "/readiness",
             Endpoint::Workers => "/workers",
             Endpoint::Worker(_) => "/workers/{id}",
+            Endpoint::Reload => "/reload",
         }
     }
 
@@ -45,7 +48,11 @@ impl Endpoint {
     pub fn needs_api_key(&self) -> bool {
         matches!(
             self,
-            Endpoint::Pd(_) | Endpoint::CountTokens | Endpoint::Workers | Endpoint::Worker(_)
+            Endpoint::Pd(_)
+                | Endpoint::CountTokens
+                | Endpoint::Workers
+                | Endpoint::Worker(_)
+                | Endpoint::Reload
         )
     }
 }
@@ -78,6 +85,7 @@ pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, RouteRefusal> {
         "/liveness" => get_only(Endpoint::Liveness),
         "/readiness" => get_only(Endpoint::Readiness),
         "/v1/embeddings" | "/v1/classify" => post_only(Endpoint::NotInPd),
+        "/reload" => post_only(Endpoint::Reload),
         "/workers" => {
             if method == Method::GET || method == Method::POST {
                 Ok(Endpoint::Workers)

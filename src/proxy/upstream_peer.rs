@@ -38,7 +38,7 @@ pub fn cap_body(
 ) -> pingora::Result<()> {
     if let Some(b) = body {
         ctx.single_leg_body_bytes += b.len();
-        if ctx.single_leg_body_bytes > gw.settings.max_payload_size {
+        if ctx.single_leg_body_bytes > gw.settings().max_payload_size {
             return Err(Error::explain(
                 ErrorType::HTTPStatus(413),
                 "request body exceeds max_payload_size",

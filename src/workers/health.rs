@@ -18,9 +18,9 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use super::intake;
-use super::registry::Registry;
-use super::worker::{Status, Worker, WorkerDefaults};
+use super::worker::{Status, Worker};
 use crate::config::{HealthSettings, RuntimeType};
+use crate::gateway::{Gateway, Settings};
 use crate::legs::client::LegClient;
 
 #[derive(Default)]
@@ -31,18 +31,23 @@ struct ProbeState {
     consecutive_successes: u32,
 }
 
+/// Probes every worker on its schedule. Reads the gateway's settings on every round, so a
+/// reload's new thresholds and intervals apply at once.
 pub struct HealthChecker {
-    pub registry: Arc<Registry>,
-    pub settings: HealthSettings,
-    /// `--dp-aware`: SGLang workers become one worker per DP rank once their size is known.
-    pub dp_aware: bool,
-    pub defaults: WorkerDefaults,
+    pub gw: Arc<Gateway>,
 }
 
 impl HealthChecker {
     /// Applies one probe result to a worker. Pure state-machine step, shared by tests.
-    fn apply(&self, w: &Worker, st: &mut ProbeState, ok: bool, now: Instant) {
-        let s = &settings_for(&self.settings, w);
+    fn apply(
+        &self,
+        global: &HealthSettings,
+        w: &Worker,
+        st: &mut ProbeState,
+        ok: bool,
+        now: Instant,
+    ) {
+        let s = &settings_for(global, w);
         if ok {
             st.consecutive_failures = 0;
             st.consecutive_successes += 1;
@@ -100,16 +105,16 @@ impl HealthChecker {
 impl HealthChecker {
     /// `--dp-aware`: asks an SGLang worker its DP size and, above one, replaces it by one
     /// logical worker per rank (`url@rank`).
-    async fn split_by_rank(&self, client: &LegClient, w: &Arc<Worker>) {
+    async fn split_by_rank(&self, client: &LegClient, w: &Arc<Worker>, settings: &Settings) {
         let size = match w.spec.dp_size {
             Some(n) => Some(n),
-            None => intake::discover_dp_size(client, w, self.settings.timeout).await,
+            None => intake::discover_dp_size(client, w, settings.health.timeout).await,
         };
         let Some(size) = size.filter(|n| *n > 1) else {
             return;
         };
-        let children = intake::expand_dp(w, size, &self.defaults);
-        if self.registry.expand(&w.id, children) {
+        let children = intake::expand_dp(w, size, &settings.worker_defaults);
+        if self.gw.registry.expand(&w.id, children) {
             log::info!(
                 "worker {} serves {size} DP ranks: registered {}@0..{}",
                 w.url(),
@@ -146,22 +151,21 @@ fn settings_for(global: &HealthSettings, w: &Worker) -> HealthSettings {
 #[async_trait]
 impl BackgroundService for HealthChecker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        if !self.settings.enabled {
-            return;
-        }
         let client = LegClient::new(64, Some(Duration::from_secs(30)));
         let mut states: HashMap<String, ProbeState> = HashMap::new();
         let tick = Duration::from_millis(200);
         loop {
             let now = Instant::now();
-            let snap = self.registry.snapshot();
+            let settings = self.gw.settings();
+            let global = &settings.health;
+            let snap = self.gw.registry.snapshot();
             states.retain(|id, _| snap.by_id(id).is_some());
             let due: Vec<(Arc<Worker>, HealthSettings)> = snap
                 .all
                 .iter()
                 .filter(|w| w.status() != Status::Draining)
                 .filter_map(|w| {
-                    let settings = settings_for(&self.settings, w);
+                    let settings = settings_for(global, w);
                     if !settings.enabled {
                         // Health checks off for this worker: it is ready as registered.
                         if w.status() == Status::Pending {
@@ -184,7 +188,7 @@ impl BackgroundService for HealthChecker {
                 for ((w, _), ok) in due.iter().zip(results) {
                     // Registration asks the engine what it is before it takes traffic.
                     if ok && w.needs_discovery() {
-                        let found = intake::discover(client, w, self.settings.timeout).await;
+                        let found = intake::discover(client, w, global.timeout).await;
                         log::info!(
                             "worker {} is {} serving {:?}",
                             w.url(),
@@ -193,17 +197,17 @@ impl BackgroundService for HealthChecker {
                         );
                         w.set_discovered(found);
                         // The runtime feeds the pairing descriptor: recompute who pairs with whom.
-                        self.registry.refresh(None);
+                        self.gw.registry.refresh(None);
                     }
                     if let Some(st) = states.get_mut(&w.id) {
-                        self.apply(w, st, ok, Instant::now());
+                        self.apply(global, w, st, ok, Instant::now());
                     }
                     if ok
-                        && self.dp_aware
+                        && settings.dp_aware
                         && w.address.dp_rank.is_none()
                         && w.runtime() == RuntimeType::Sglang
                     {
-                        self.split_by_rank(client, w).await;
+                        self.split_by_rank(client, w, &settings).await;
                     }
                 }
             }

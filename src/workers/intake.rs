@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::config::{RuntimeType, WorkerSpec};
 
-use super::worker::{Discovered, Worker, WorkerAddress, WorkerDefaults};
+use super::worker::{Discovered, Origin, Worker, WorkerAddress, WorkerDefaults};
 use crate::legs::client::{LegClient, LegRequest};
 
 /// Resolves `host:port` (blocking; for startup, or inside `spawn_blocking`).
@@ -24,7 +24,11 @@ pub fn resolve(address: &WorkerAddress) -> Result<SocketAddr, String> {
 }
 
 /// A worker from the startup configuration (`pending` until its first probe succeeds).
-pub fn startup_worker(spec: &WorkerSpec, defaults: &WorkerDefaults) -> Result<Arc<Worker>, String> {
+pub fn startup_worker(
+    spec: &WorkerSpec,
+    defaults: &WorkerDefaults,
+    origin: Origin,
+) -> Result<Arc<Worker>, String> {
     let address = WorkerAddress::parse(&spec.url)?;
     let addr = resolve(&address)?;
     Ok(Worker::new(
@@ -33,6 +37,7 @@ pub fn startup_worker(spec: &WorkerSpec, defaults: &WorkerDefaults) -> Result<Ar
         address,
         addr,
         defaults,
+        origin,
     ))
 }
 
@@ -121,6 +126,7 @@ pub fn expand_dp(parent: &Worker, dp_size: u32, defaults: &WorkerDefaults) -> Ve
                 address,
                 parent.socket,
                 defaults,
+                parent.origin,
             );
             child.inherit_state(parent);
             Some(child)

@@ -12,9 +12,9 @@ use pingora::services::background::BackgroundService;
 use serde_json::Value;
 
 use super::intake;
-use super::registry::Registry;
 use super::worker::{Status, Worker};
 use crate::config::{OverloadOverrides, OverloadSettings, RuntimeType};
+use crate::gateway::Gateway;
 use crate::legs::client::LegClient;
 use crate::metrics::METRICS;
 use crate::policy::EngineLoad;
@@ -102,19 +102,18 @@ pub fn parse_vllm_metrics(text: &str) -> Option<EngineLoad> {
     })
 }
 
+/// Polls load reports. Reads the gateway's settings every round (reload applies at once).
 pub struct LoadMonitor {
-    pub registry: Arc<Registry>,
-    pub settings: OverloadSettings,
-    pub timeout: Duration,
+    pub gw: Arc<Gateway>,
 }
 
 impl LoadMonitor {
-    async fn poll(&self, client: &LegClient, w: &Worker) -> Option<EngineLoad> {
+    async fn poll(client: &LegClient, w: &Worker, timeout: Duration) -> Option<EngineLoad> {
         let path = match w.runtime() {
             RuntimeType::Vllm => "/metrics",
             _ => "/v1/loads?include=core,disagg,queues,memory",
         };
-        let (ok, body) = intake::worker_get(client, w, path, self.timeout).await?;
+        let (ok, body) = intake::worker_get(client, w, path, timeout).await?;
         if !ok {
             return None;
         }
@@ -130,17 +129,22 @@ impl BackgroundService for LoadMonitor {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let client = LegClient::new(64, Some(Duration::from_secs(30)));
         loop {
-            let snap = self.registry.snapshot();
+            let settings = self.gw.settings();
+            let overload = &settings.overload;
+            let timeout = settings.health.timeout;
+            let snap = self.gw.registry.snapshot();
             let polled: Vec<&Arc<Worker>> = snap
                 .all
                 .iter()
                 .filter(|w| w.status() == Status::Ready)
                 .collect();
+            let client = &client;
             let reports =
-                futures::future::join_all(polled.iter().map(|w| self.poll(&client, w))).await;
+                futures::future::join_all(polled.iter().map(|w| Self::poll(client, w, timeout)))
+                    .await;
             let mut overloaded = 0;
             for (w, report) in polled.iter().zip(reports) {
-                let t = thresholds(&self.settings, w.spec.overload.as_ref());
+                let t = thresholds(overload, w.spec.overload.as_ref());
                 let over = report.as_ref().is_some_and(|r| is_overloaded(r, t));
                 if over != w.is_overloaded() {
                     log::warn!(
@@ -158,7 +162,7 @@ impl BackgroundService for LoadMonitor {
                 .set(overloaded as i64);
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(self.settings.load_monitor_interval) => {}
+                _ = tokio::time::sleep(overload.load_monitor_interval) => {}
             }
         }
     }

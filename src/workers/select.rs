@@ -273,6 +273,14 @@ impl LegPolicies {
     }
 }
 
+impl LegPolicies {
+    /// The policy tunables of a config (a reload rebuilds the policies only when these or the
+    /// policy kinds changed).
+    pub fn params_of(cfg: &GatewayConfig) -> PolicyParams {
+        policy_params(cfg)
+    }
+}
+
 /// The policy tunables of the config, in the policy module's terms.
 fn policy_params(cfg: &GatewayConfig) -> PolicyParams {
     let d = PolicyParams::default();

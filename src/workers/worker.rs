@@ -159,6 +159,14 @@ fn split_dp_suffix(url: &str) -> (&str, Option<u32>) {
     (url, None)
 }
 
+/// Where a registration came from: the config file (a reload may change or remove it) or the
+/// worker API (a reload leaves it alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Config,
+    Api,
+}
+
 /// What every new worker starts from; a spec's own overrides apply on top.
 #[derive(Clone, Debug)]
 pub struct WorkerDefaults {
@@ -190,6 +198,7 @@ pub struct Discovered {
 /// health checker.
 pub struct Worker {
     pub id: String,
+    pub origin: Origin,
     /// The registration as given (validated); `api_key` inside is never echoed.
     pub spec: WorkerSpec,
     /// The declared engine (`Unspecified` when detection decides).
@@ -222,6 +231,7 @@ impl Worker {
         address: WorkerAddress,
         addr: SocketAddr,
         defaults: &WorkerDefaults,
+        origin: Origin,
     ) -> Arc<Worker> {
         let mut peer = HttpPeer::new(addr, address.tls, address.resolve_host().to_string());
         peer.options.connection_timeout = Some(defaults.connect_timeout);
@@ -241,6 +251,7 @@ impl Worker {
         );
         let w = Arc::new(Worker {
             id,
+            origin,
             declared_runtime: spec.runtime_type,
             spec,
             address,

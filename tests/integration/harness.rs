@@ -93,11 +93,23 @@ impl Gateway {
 
     /// Spawns `pdgate run -c conf` (for tests that write their own config).
     pub fn spawn(conf: &std::path::Path, port: u16, prometheus_port: u16, log: PathBuf) -> Gateway {
+        Gateway::spawn_with(conf, port, prometheus_port, log, &[])
+    }
+
+    /// [`Gateway::spawn`] with extra `pdgate run` arguments (e.g. `-u` for a graceful upgrade).
+    pub fn spawn_with(
+        conf: &std::path::Path,
+        port: u16,
+        prometheus_port: u16,
+        log: PathBuf,
+        args: &[&str],
+    ) -> Gateway {
         let out = std::fs::File::create(&log).expect("create the gateway log");
         let err = out.try_clone().expect("clone the log handle");
         let child = Command::new(pdgate_bin())
             .args(["run", "-c"])
             .arg(conf)
+            .args(args)
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .spawn()
@@ -108,6 +120,28 @@ impl Gateway {
             prometheus_port,
             log,
         }
+    }
+
+    /// Sends a signal (`HUP`, `QUIT`, `TERM`, …) to the gateway process.
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{name} failed");
+    }
+
+    /// Waits for the process to exit by itself; its status, or `None` after `deadline`.
+    pub async fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 
     pub fn url(&self, path: &str) -> String {
