@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use crate::config::{
     ConfigSource, GatewayConfig, HealthSettings, LoadedConfig, OverloadSettings, RetrySettings,
 };
+use crate::ledger::Ledger;
 use crate::legs::client::LegClient;
 use crate::workers::select::LegPolicies;
 use crate::workers::worker::WorkerDefaults;
@@ -139,6 +140,8 @@ pub struct Gateway {
     pub policies: ArcSwap<LegPolicies>,
     pub client: Arc<LegClient>,
     pub model_labels: ModelLabels,
+    /// Every rendezvous the gateway minted and whose legs have not all ended.
+    pub ledger: Arc<Ledger>,
     /// Serializes reloads (SIGHUP and `POST /reload` may race).
     pub reload_lock: tokio::sync::Mutex<()>,
 }
@@ -158,6 +161,7 @@ impl Gateway {
             policies: ArcSwap::from_pointee(policies),
             client,
             model_labels: ModelLabels::new(),
+            ledger: Ledger::new(),
             reload_lock: tokio::sync::Mutex::new(()),
         }
     }

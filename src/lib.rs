@@ -7,6 +7,7 @@ pub mod admin;
 pub mod config;
 pub mod demo;
 pub mod gateway;
+pub mod ledger;
 pub mod legs;
 pub mod metrics;
 pub mod policy;

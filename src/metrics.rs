@@ -8,7 +8,8 @@ use std::sync::LazyLock;
 
 use pingora_prometheus::prometheus::{
     self, register_histogram_vec, register_int_counter, register_int_counter_vec,
-    register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec,
+    register_int_gauge, register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec,
 };
 
 /// Buckets for every `*_duration_seconds` and `*_ttft_seconds` histogram: from a millisecond
@@ -52,6 +53,8 @@ pub struct Metrics {
     pub worker_errors: IntCounterVec,
     pub http_responses: IntCounterVec,
     pub config_reloads: IntCounterVec,
+    pub handoffs_open: IntGauge,
+    pub handoffs_abnormal: IntCounter,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -223,6 +226,15 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "smg_worker_errors_total",
         "Failed legs by worker type and error type",
         &["worker_type", "connection_mode", "error_type"],
+    ),
+    handoffs_open: register_int_gauge!(
+        "pdgate_handoffs_open",
+        "Rendezvous (rooms, transfer ids) minted by the gateway whose legs have not all ended"
+    )
+    .expect("metric names are unique and valid"),
+    handoffs_abnormal: counter(
+        "pdgate_handoffs_abnormal_total",
+        "Rendezvous whose request ended abnormally (error, hang-up, timeout)",
     ),
     config_reloads: counter_vec(
         "pdgate_config_reloads_total",

@@ -10,6 +10,7 @@ use super::request::PdRequest;
 use super::{moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
+use crate::ledger::Handoff;
 use crate::metrics::METRICS;
 use crate::policy::RoutingInput;
 use crate::proxy::ctx::RequestCtx;
@@ -26,6 +27,18 @@ pub enum Attempt {
     Refused(Reply),
     /// The head went out but the decode failed mid-body; the client response must be cut.
     CutShort(String),
+    /// A stream ended early with an SSE error event (complete response, failed request).
+    EndedWithError(String),
+}
+
+impl Attempt {
+    /// Marks the attempt's rendezvous as abnormal unless the response went out in full.
+    pub fn settle(self, handoff: &Handoff) -> Attempt {
+        if !matches!(self, Attempt::Answered) {
+            handoff.failed();
+        }
+        self
+    }
 }
 
 /// How the whole request ended, for the proxy phase.
@@ -90,6 +103,13 @@ pub async fn serve(
         };
         match outcome {
             Attempt::Answered => return Served::Answered,
+            Attempt::EndedWithError(why) => {
+                log::warn!(
+                    "request {}: stream ended with an error event: {why}",
+                    ctx.request_id
+                );
+                return Served::Answered;
+            }
             Attempt::ClientGone => {
                 ctx.client_gone = true;
                 return Served::Abort("client closed the connection".into());

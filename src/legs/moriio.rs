@@ -25,6 +25,7 @@ use super::request::PdRequest;
 use super::sequential::{finish, mint_transfer_id, prefill_round_trip};
 use crate::config::label;
 use crate::gateway::Gateway;
+use crate::ledger::Kind;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
@@ -80,12 +81,20 @@ pub async fn attempt(
         pair.prefill.url(),
         pair.decode.url(),
     );
-    if plan.is_concurrent() {
+    let handoff = gw.ledger.open(
+        Kind::TransferId,
+        &transfer_id,
+        &ctx.request_id,
+        pair.prefill.url(),
+        pair.decode.url(),
+    );
+    let outcome = if plan.is_concurrent() {
         let decode_params = moriio::concurrent_decode_params(&plan, &transfer_id);
         concurrent(&legs, session, ctx, prefill_body, &decode_params).await
     } else {
         sequential(&legs, session, ctx, prefill_body).await
-    }
+    };
+    outcome.settle(&handoff)
 }
 
 /// What both dispatch modes share for one attempt.

@@ -18,9 +18,10 @@ use pingora::proxy::Session;
 use super::client::{LegError, LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
 use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg};
-use super::relay::{relay, RelayEnd, RelayPlan};
+use super::relay::{relay_decode, RelayPlan};
 use super::request::PdRequest;
 use crate::gateway::Gateway;
+use crate::ledger::{Handoff, Kind};
 use crate::metrics::{BACKEND_PD, METRICS};
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{Reply, SSE};
@@ -97,6 +98,22 @@ pub async fn attempt(
     req: &PdRequest,
     pair: &Pair,
 ) -> Attempt {
+    let mut handoff = None;
+    let outcome = run(gw, session, ctx, req, pair, &mut handoff).await;
+    match handoff {
+        Some(h) => outcome.settle(&h),
+        None => outcome,
+    }
+}
+
+async fn run(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &PdRequest,
+    pair: &Pair,
+    slot: &mut Option<Arc<Handoff>>,
+) -> Attempt {
     let s = gw.settings();
     let dp_place = if s.dp_aware {
         pair.prefill.address.dp_rank.zip(pair.prefill.spec.dp_size)
@@ -145,6 +162,14 @@ pub async fn attempt(
         ))
     };
 
+    let handoff = gw.ledger.open(
+        Kind::Room,
+        ctx.room.unwrap_or_default(),
+        &ctx.request_id,
+        pair.prefill.url(),
+        pair.decode.url(),
+    );
+    *slot = Some(handoff.clone());
     let dispatched = Instant::now();
     let labels = PdLabels::new(ctx, pair);
     let mut prefill = PrefillLeg::spawn(PrefillJob {
@@ -153,6 +178,7 @@ pub async fn attempt(
         path: pair.prefill.address.path_for(req.route.upstream_path()),
         body: prefill_body,
         headers: req.forward.clone(),
+        handoff: handoff.clone(),
         keep_body: req.facts.logprobs,
         body_limit: s.max_payload_size,
         head_timeout: s.prefill_head_timeout,
@@ -247,34 +273,9 @@ pub async fn attempt(
         decode_url: pair.decode.url(),
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
+        deadline: ctx.started + s.request_timeout,
     };
-    let status = decode.status();
-    let (end, reusable) = relay(session, ctx, decode, plan).await;
-    record_decode_end(pair, status, &end);
-    if let Some(ttft) = ctx.ttft {
-        METRICS
-            .pd_ttft
-            .with_label_values(&labels.as_array())
-            .observe(ttft.as_secs_f64());
-    }
-    if let Some(leg) = reusable {
-        gw.client.release(leg, &pair.decode.peer).await;
-    }
-    match end {
-        RelayEnd::Complete => Attempt::Answered,
-        RelayEnd::ClientGone => Attempt::ClientGone,
-        RelayEnd::CutShort(why) => Attempt::CutShort(why),
-    }
-}
-
-/// The decode's outcome once its relay ended: its status, a failure if it broke mid-body, and
-/// nothing when the client left (the gateway dropped the leg).
-pub fn record_decode_end(pair: &Pair, status: u16, end: &RelayEnd) {
-    match end {
-        RelayEnd::Complete => pair.decode.breaker.record_status(Some(status)),
-        RelayEnd::CutShort(_) => pair.decode.breaker.record_status(None),
-        RelayEnd::ClientGone => {}
-    }
+    relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
 }
 
 fn is_sse(body: &[u8]) -> bool {

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::client::{LegClient, LegError, LegErrorKind, LegRequest};
 use super::request::ForwardHeaders;
+use crate::ledger::Handoff;
 use crate::workers::Worker;
 
 /// Largest error body kept to build a client message.
@@ -47,6 +48,8 @@ pub struct PrefillJob {
     pub path: std::borrow::Cow<'static, str>,
     pub body: Bytes,
     pub headers: ForwardHeaders,
+    /// The rendezvous this leg belongs to: held until the leg ends.
+    pub handoff: Arc<Handoff>,
     /// Keep the 2xx body for the logprob merge.
     pub keep_body: bool,
     pub body_limit: usize,

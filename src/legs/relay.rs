@@ -10,9 +10,15 @@ use pdgate_filters::sse::{DoneDetector, SseSplitter};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
-use super::client::OpenLeg;
+use super::client::{LegError, LegErrorKind, OpenLeg};
+use super::dispatch::Attempt;
+use super::parallel::PdLabels;
+use crate::gateway::Gateway;
+use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON, SSE};
+use crate::workers::select::Pair;
+use pdgate_filters::errors::{render_error, ErrorCode};
 
 /// Headers never copied from an engine response to the client.
 const HOP_BY_HOP: &[&str] = &[
@@ -41,6 +47,9 @@ pub enum RelayEnd {
     ClientGone,
     /// The decode leg failed after the head went out; the client response was cut.
     CutShort(String),
+    /// A stream failed or ran out of time after its head: it ended with an SSE error event
+    /// (the status was already sent), and the decode leg was dropped.
+    StreamError(String),
 }
 
 pub struct RelayPlan<'a> {
@@ -52,6 +61,8 @@ pub struct RelayPlan<'a> {
     pub decode_url: &'a str,
     pub body_limit: usize,
     pub stall_timeout: Duration,
+    /// The request's total deadline (`request_timeout_secs`), streams included.
+    pub deadline: Instant,
 }
 
 /// The client-facing head built from the decode's: its status and headers minus hop-by-hop
@@ -122,17 +133,25 @@ pub async fn relay(
     let mut merge = merge;
     let mut done = plan.streaming.then(DoneDetector::new);
     let mut saw_done = false;
+    let deadline = tokio::time::Instant::from_std(plan.deadline);
     loop {
         let next = tokio::select! {
             c = leg.next_chunk() => c,
             _ = session.read_body_or_idle(true) => {
                 return (RelayEnd::ClientGone, None);
             }
+            _ = tokio::time::sleep_until(deadline) => Err(LegError {
+                kind: LegErrorKind::Timeout,
+                detail: "the request ran past request_timeout_secs".into(),
+            }),
         };
         let chunk = match next {
             Ok(Some(c)) => c,
             Ok(None) => break,
             Err(_) if saw_done => break,
+            Err(e) if plan.streaming => {
+                return (end_stream_with_error(session, ctx, &e).await, None)
+            }
             Err(e) => {
                 return (RelayEnd::CutShort(e.to_string()), None);
             }
@@ -173,6 +192,35 @@ pub async fn relay(
     }
     let reusable = leg.is_done();
     (RelayEnd::Complete, reusable.then_some(leg))
+}
+
+/// A stream that cannot go on: one SSE error event (the gateway's error body: `timeout` for a
+/// stalled or over-long stream, `decode_request_failed` for a broken one), then the end of the
+/// chunked body, so SSE clients see why and HTTP clients a complete response.
+async fn end_stream_with_error(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    e: &LegError,
+) -> RelayEnd {
+    let (status, code) = match e.kind {
+        LegErrorKind::Timeout => (504, ErrorCode::Timeout),
+        _ => (502, ErrorCode::DecodeRequestFailed),
+    };
+    let message = format!("the decode stream failed: {e}");
+    let mut event = Vec::with_capacity(message.len() + 96);
+    event.extend_from_slice(b"data: ");
+    event.extend_from_slice(&render_error(status, code.as_str(), &message));
+    event.extend_from_slice(b"\n\n");
+    ctx.error_code = Some(code.as_str());
+    if session
+        .write_response_body(Some(Bytes::from(event)), false)
+        .await
+        .is_err()
+        || session.write_response_body(None, true).await.is_err()
+    {
+        return RelayEnd::ClientGone;
+    }
+    RelayEnd::StreamError(message)
 }
 
 /// Splits SSE events out of a decode chunk and merges the prefill logprobs into each.
@@ -217,5 +265,41 @@ async fn relay_merged_json(
     match reply::send(session, ctx, reply).await {
         Ok(()) => (RelayEnd::Complete, Some(leg)),
         Err(_) => (RelayEnd::ClientGone, None),
+    }
+}
+
+/// Relays the decode leg of `pair` to the client (any dispatch mode) and accounts for it: the
+/// decode's breaker outcome, the PD TTFT, and the pooled connection when it ended cleanly.
+pub async fn relay_decode(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    pair: &Pair,
+    decode: OpenLeg,
+    plan: RelayPlan<'_>,
+    labels: &PdLabels,
+) -> Attempt {
+    let status = decode.status();
+    let (end, reusable) = relay(session, ctx, decode, plan).await;
+    match &end {
+        RelayEnd::Complete => pair.decode.breaker.record_status(Some(status)),
+        RelayEnd::CutShort(_) | RelayEnd::StreamError(_) => pair.decode.breaker.record_status(None),
+        // The gateway dropped the leg: it says nothing about the engine.
+        RelayEnd::ClientGone => {}
+    }
+    if let Some(ttft) = ctx.ttft {
+        METRICS
+            .pd_ttft
+            .with_label_values(&labels.as_array())
+            .observe(ttft.as_secs_f64());
+    }
+    if let Some(leg) = reusable {
+        gw.client.release(leg, &pair.decode.peer).await;
+    }
+    match end {
+        RelayEnd::Complete => Attempt::Answered,
+        RelayEnd::ClientGone => Attempt::ClientGone,
+        RelayEnd::CutShort(why) => Attempt::CutShort(why),
+        RelayEnd::StreamError(why) => Attempt::EndedWithError(why),
     }
 }

@@ -7,6 +7,7 @@
 //! no params (counted in `smg_pd_kv_transfer_failures_total`), Mooncake without a KV engine id,
 //! and `n > 1` (the handoff is single-consumer, so no prefill leg is sent at all).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,11 +17,12 @@ use pingora::proxy::Session;
 
 use super::client::{LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
-use super::parallel::{decode_refusal, record_decode_end, transport_refusal, PdLabels};
-use super::relay::{relay, RelayEnd, RelayPlan};
+use super::parallel::{decode_refusal, transport_refusal, PdLabels};
+use super::relay::{relay_decode, RelayPlan};
 use super::request::PdRequest;
 use crate::config::label;
 use crate::gateway::Gateway;
+use crate::ledger::{Handoff, Kind};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
@@ -60,6 +62,7 @@ enum Plan {
     Relay(Option<&'static [u8]>),
     /// Mooncake: tag the prefill with the transfer id; mint the decode's params.
     Mint {
+        transfer_id: String,
         prefill_tag: Vec<u8>,
         decode_params: Vec<u8>,
     },
@@ -80,6 +83,7 @@ fn plan(connector: Connector, prefill: &Worker) -> Plan {
                 Plan::Mint {
                     prefill_tag: vllm::mooncake_prefill_tag(&id),
                     decode_params: vllm::mooncake_decode_params(&id, &engine_id, &addr),
+                    transfer_id: id,
                 }
             }
             None => {
@@ -103,6 +107,22 @@ pub async fn attempt(
     req: &PdRequest,
     pair: &Pair,
 ) -> Attempt {
+    let mut handoff = None;
+    let outcome = run(gw, session, ctx, req, pair, &mut handoff).await;
+    match handoff {
+        Some(h) => outcome.settle(&h),
+        None => outcome,
+    }
+}
+
+async fn run(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &PdRequest,
+    pair: &Pair,
+    handoff: &mut Option<Arc<Handoff>>,
+) -> Attempt {
     let s = gw.settings();
     let connector = Connector::from_name(pair.prefill.spec.kv_connector.as_deref());
     METRICS
@@ -123,9 +143,19 @@ pub async fn attempt(
         let (tag, minted): (Option<Bytes>, Option<Bytes>) = match plan {
             Plan::Relay(tag) => (tag.map(Bytes::from_static), None),
             Plan::Mint {
+                transfer_id,
                 prefill_tag,
                 decode_params,
-            } => (Some(prefill_tag.into()), Some(decode_params.into())),
+            } => {
+                *handoff = Some(gw.ledger.open(
+                    Kind::TransferId,
+                    &transfer_id,
+                    &ctx.request_id,
+                    pair.prefill.url(),
+                    pair.decode.url(),
+                ));
+                (Some(prefill_tag.into()), Some(decode_params.into()))
+            }
             Plan::Recompute => (None, None),
         };
         let body = Bytes::from(vllm::prefill_leg_body(
@@ -285,6 +315,8 @@ pub(crate) async fn prefill_round_trip(
     Ok(body)
 }
 
+/// Relays a vLLM decode (no prefill body to merge from: a logprob request still gets a JSON
+/// body built by the gateway).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn finish(
     gw: &Gateway,
@@ -299,30 +331,14 @@ pub(crate) async fn finish(
     let s = gw.settings();
     let plan = RelayPlan {
         streaming: req.facts.stream,
-        // No prefill body to merge from; a logprob request still gets a JSON body built by us.
         logprobs: req.facts.logprobs.then_some(None),
         dispatched,
         decode_url: pair.decode.url(),
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
+        deadline: ctx.started + s.request_timeout,
     };
-    let status = decode.status();
-    let (end, reusable) = relay(session, ctx, decode, plan).await;
-    record_decode_end(pair, status, &end);
-    if let Some(ttft) = ctx.ttft {
-        METRICS
-            .pd_ttft
-            .with_label_values(&labels.as_array())
-            .observe(ttft.as_secs_f64());
-    }
-    if let Some(leg) = reusable {
-        gw.client.release(leg, &pair.decode.peer).await;
-    }
-    match end {
-        RelayEnd::Complete => Attempt::Answered,
-        RelayEnd::ClientGone => Attempt::ClientGone,
-        RelayEnd::CutShort(why) => Attempt::CutShort(why),
-    }
+    relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
 }
 
 #[cfg(test)]

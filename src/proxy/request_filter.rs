@@ -38,9 +38,13 @@ pub async fn run(
                 | Endpoint::NotInPd
                 | Endpoint::HealthGenerate,
             ) => false,
-            (Listener::Data, Endpoint::Workers | Endpoint::Worker(_) | Endpoint::Reload) => {
-                !gw.settings().separate_admin
-            }
+            (
+                Listener::Data,
+                Endpoint::Workers
+                | Endpoint::Worker(_)
+                | Endpoint::Reload
+                | Endpoint::DebugHandoffs,
+            ) => !gw.settings().separate_admin,
             _ => true,
         };
         if served {
@@ -111,6 +115,18 @@ pub async fn run(
         }
         Endpoint::Workers | Endpoint::Worker(_) => {
             let reply = admin::workers::handle(gw, session, &endpoint).await;
+            reply::send(session, ctx, reply).await?;
+            Ok(true)
+        }
+        Endpoint::DebugHandoffs => {
+            let reply = if admin::auth::may_mutate(&gw.settings(), session) {
+                Reply::json(200, gw.ledger.to_json().to_string())
+            } else {
+                Reply::error(
+                    ErrorCode::Forbidden,
+                    "debug endpoints are served only to trusted (loopback) peers when no api_key is configured",
+                )
+            };
             reply::send(session, ctx, reply).await?;
             Ok(true)
         }

@@ -25,6 +25,8 @@ pub enum Endpoint {
     Worker(String),
     /// `POST /reload`: re-read the config file (as SIGHUP).
     Reload,
+    /// `GET /debug/handoffs`: rendezvous whose legs have not all ended (admin-protected).
+    DebugHandoffs,
 }
 
 impl Endpoint {
@@ -41,6 +43,7 @@ impl Endpoint {
             Endpoint::Workers => "/workers",
             Endpoint::Worker(_) => "/workers/{id}",
             Endpoint::Reload => "/reload",
+            Endpoint::DebugHandoffs => "/debug/handoffs",
         }
     }
 
@@ -53,6 +56,7 @@ impl Endpoint {
                 | Endpoint::Workers
                 | Endpoint::Worker(_)
                 | Endpoint::Reload
+                | Endpoint::DebugHandoffs
         )
     }
 }
@@ -86,6 +90,7 @@ pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, RouteRefusal> {
         "/readiness" => get_only(Endpoint::Readiness),
         "/v1/embeddings" | "/v1/classify" => post_only(Endpoint::NotInPd),
         "/reload" => post_only(Endpoint::Reload),
+        "/debug/handoffs" => get_only(Endpoint::DebugHandoffs),
         "/workers" => {
             if method == Method::GET || method == Method::POST {
                 Ok(Endpoint::Workers)

@@ -319,11 +319,12 @@ async fn prefill_error_fails_fast_and_drops_the_decode_leg() {
         "decode still holds the room: {:?}",
         fleet.decode.rooms()
     );
-    let d = fleet.decode.wait_records(1, Duration::from_secs(10)).await;
+    // The decode leg either never got out (the prefill's error came first) or was dropped.
+    let d = fleet.decode.records();
     assert!(
-        d[0].outcome.cancelled,
+        d.iter().all(|r| r.outcome.cancelled),
         "decode leg was not dropped: {:?}",
-        d[0].outcome
+        d.iter().map(|r| &r.outcome).collect::<Vec<_>>()
     );
 }
 

@@ -1,0 +1,161 @@
+//! The handoff ledger: every rendezvous the gateway mints (an SGLang bootstrap room, a Mooncake
+//! or MoRI-IO transfer id) is tracked from dispatch until both of its legs have ended, so an
+//! operator can see a handoff the gateway left hanging (`GET /debug/handoffs`,
+//! `pdgate_handoffs_open`) and count the ones that ended abnormally.
+//!
+//! A [`Handoff`] is shared (`Arc`) by everything that holds a leg of it — the request's task and
+//! a background prefill drain — and the entry closes when the last holder drops it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::metrics::METRICS;
+
+/// What a rendezvous is keyed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// SGLang bootstrap room.
+    Room,
+    /// Mooncake / MoRI-IO transfer id.
+    TransferId,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Room => "bootstrap_room",
+            Kind::TransferId => "transfer_id",
+        }
+    }
+}
+
+struct Entry {
+    kind: Kind,
+    id: String,
+    request_id: String,
+    prefill: String,
+    decode: String,
+    since: Instant,
+}
+
+#[derive(Default)]
+pub struct Ledger {
+    next: AtomicU64,
+    open: Mutex<HashMap<u64, Entry>>,
+}
+
+/// One open rendezvous. Mark it [`Handoff::failed`] when its request did not end normally; the
+/// entry closes when the last clone drops.
+pub struct Handoff {
+    ledger: Arc<Ledger>,
+    key: u64,
+    failed: AtomicBool,
+}
+
+impl Handoff {
+    /// The request ended abnormally (error, hang-up, timeout): counted when the entry closes.
+    pub fn failed(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        let removed = self
+            .ledger
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key)
+            .is_some();
+        if removed {
+            METRICS.handoffs_open.dec();
+            if self.failed.load(Ordering::Relaxed) {
+                METRICS.handoffs_abnormal.inc();
+            }
+        }
+    }
+}
+
+impl Ledger {
+    pub fn new() -> Arc<Ledger> {
+        Arc::new(Ledger::default())
+    }
+
+    /// Records a freshly minted rendezvous between `prefill` and `decode`.
+    pub fn open(
+        self: &Arc<Self>,
+        kind: Kind,
+        id: impl ToString,
+        request_id: &str,
+        prefill: &str,
+        decode: &str,
+    ) -> Arc<Handoff> {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        let entry = Entry {
+            kind,
+            id: id.to_string(),
+            request_id: request_id.to_string(),
+            prefill: prefill.to_string(),
+            decode: decode.to_string(),
+            since: Instant::now(),
+        };
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, entry);
+        METRICS.handoffs_open.inc();
+        Arc::new(Handoff {
+            ledger: self.clone(),
+            key,
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// `GET /debug/handoffs`: the open rendezvous, oldest first, with their age.
+    pub fn to_json(&self) -> Value {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list: Vec<&Entry> = open.values().collect();
+        list.sort_by_key(|e| e.since);
+        let items: Vec<Value> = list
+            .iter()
+            .map(|e| {
+                json!({
+                    "kind": e.kind.as_str(),
+                    "id": e.id,
+                    "request_id": e.request_id,
+                    "prefill": e.prefill,
+                    "decode": e.decode,
+                    "age_seconds": e.since.elapsed().as_secs_f64(),
+                })
+            })
+            .collect();
+        json!({"open": items.len(), "handoffs": items})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_closes_when_the_last_holder_drops() {
+        let ledger = Ledger::new();
+        let h = ledger.open(Kind::Room, 42u64, "req-1", "http://p", "http://d");
+        let drain = h.clone();
+        assert_eq!(ledger.open_count(), 1);
+        drop(h);
+        assert_eq!(ledger.open_count(), 1, "the prefill drain still holds it");
+        assert_eq!(ledger.to_json()["handoffs"][0]["id"], "42");
+        drop(drain);
+        assert_eq!(ledger.open_count(), 0);
+    }
+}
