@@ -83,10 +83,10 @@ impl ProxyHttp for PdGateway {
         &self,
         _session: &mut Session,
         body: &mut Option<bytes::Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        upstream_peer::cap_body(&self.gw, body, ctx)
+        upstream_peer::cap_body(&self.gw, body, end_of_stream, ctx)
     }
 
     async fn response_filter(
@@ -115,6 +115,11 @@ impl ProxyHttp for PdGateway {
             (_, ErrorType::HTTPStatus(413)) => Reply::error(
                 ErrorCode::PayloadTooLarge,
                 "request body exceeds max_payload_size",
+            ),
+            (_, ErrorType::HTTPStatus(408))
+            | (ErrorSource::Downstream, ErrorType::ReadTimedout) => Reply::error(
+                ErrorCode::RequestTimeout,
+                "request body not received within body_read_timeout_secs",
             ),
             (ErrorSource::Upstream, ErrorType::ConnectTimedout | ErrorType::ReadTimedout) => {
                 Reply::error(ErrorCode::Timeout, format!("upstream timed out: {e}"))

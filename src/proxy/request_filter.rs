@@ -55,6 +55,21 @@ pub async fn run(
     });
     ctx.request_id = request_id(gw, session, endpoint.as_ref().ok());
 
+    // Request smuggling: a body framed two ways is refused, whatever the route.
+    if has_conflicting_framing(session) {
+        session.set_keepalive(None);
+        reply::send(
+            session,
+            ctx,
+            Reply::error(
+                ErrorCode::InvalidRequest,
+                "the request has both Content-Length and Transfer-Encoding (ambiguous framing)",
+            ),
+        )
+        .await?;
+        return Ok(true);
+    }
+
     let endpoint = match endpoint {
         Ok(e) => e,
         Err(refusal) => {
@@ -138,6 +153,26 @@ pub async fn run(
         Endpoint::CountTokens => count_tokens(gw, session, ctx).await,
         Endpoint::Pd(route) => serve_pd(gw, session, ctx, route).await,
     }
+}
+
+/// Both `Content-Length` and `Transfer-Encoding` on one request (RFC 9112 §6.1: a server may
+/// reject it, and must not keep the connection). Pingora drops the `Content-Length` before we
+/// see the parsed head, so the raw header bytes are checked — only when a TE is present.
+fn has_conflicting_framing(session: &Session) -> bool {
+    if !session
+        .req_header()
+        .headers
+        .contains_key(http::header::TRANSFER_ENCODING)
+    {
+        return false;
+    }
+    let Some(h1) = session.as_downstream().as_http1() else {
+        return false;
+    };
+    const NAME: &[u8] = b"content-length:";
+    h1.get_headers_raw_bytes()
+        .split(|b| *b == b'\n')
+        .any(|line| line.len() >= NAME.len() && line[..NAME.len()].eq_ignore_ascii_case(NAME))
 }
 
 /// A refusal sent without reading the request body: the unread bytes make the connection
@@ -254,6 +289,9 @@ async fn count_tokens(
     };
     match chosen {
         Some(w) => {
+            // The body streams through Pingora's proxy loop: bound each read by the body
+            // deadline (the whole-body deadline is checked per chunk in request_body_filter).
+            session.set_read_timeout(Some(gw.settings().body_read_timeout));
             let guard = w.track();
             ctx.single_leg = Some((w.clone(), guard));
             Ok(false)

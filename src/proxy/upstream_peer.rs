@@ -30,15 +30,25 @@ pub fn prepare_request(upstream: &mut RequestHeader, ctx: &RequestCtx) -> pingor
     Ok(())
 }
 
-/// Enforces the payload cap on streamed (unbuffered) request bodies.
+/// Enforces the payload cap and the body deadline on streamed (unbuffered) request bodies: a
+/// body still arriving after `body_read_timeout` (a slowloris upload) is refused with 408, as a
+/// buffered one is.
 pub fn cap_body(
     gw: &Arc<Gateway>,
     body: &mut Option<Bytes>,
+    end_of_stream: bool,
     ctx: &mut RequestCtx,
 ) -> pingora::Result<()> {
+    let settings = gw.settings();
+    if !end_of_stream && ctx.started.elapsed() > settings.body_read_timeout {
+        return Err(Error::explain(
+            ErrorType::HTTPStatus(408),
+            "request body not received within body_read_timeout_secs",
+        ));
+    }
     if let Some(b) = body {
         ctx.single_leg_body_bytes += b.len();
-        if ctx.single_leg_body_bytes > gw.settings().max_payload_size {
+        if ctx.single_leg_body_bytes > settings.max_payload_size {
             return Err(Error::explain(
                 ErrorType::HTTPStatus(413),
                 "request body exceeds max_payload_size",
