@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs what a fresh machine lacks to build pdgate: cmake (Pingora's zlib-ng build needs it)
-# and a C compiler. Idempotent; safe to run on every invocation.
+# Installs what a fresh machine lacks to build and test pdgate: cmake (Pingora's zlib-ng build
+# needs it), a C compiler, and Debian's `prometheus` (the observability tests run `promtool check
+# metrics` and a real Prometheus server). Idempotent; safe to run on every invocation.
 set -euo pipefail
 
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
+{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""

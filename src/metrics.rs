@@ -52,6 +52,10 @@ pub struct Metrics {
     pub workers_overloaded: IntGaugeVec,
     pub worker_errors: IntCounterVec,
     pub http_responses: IntCounterVec,
+    pub http_requests: IntCounterVec,
+    pub http_request_duration: HistogramVec,
+    pub worker_pool_size: IntGaugeVec,
+    pub worker_routing_keys_active: IntGaugeVec,
     pub config_reloads: IntCounterVec,
     pub handoffs_open: IntGauge,
     pub handoffs_abnormal: IntCounter,
@@ -235,6 +239,26 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     handoffs_abnormal: counter(
         "pdgate_handoffs_abnormal_total",
         "Rendezvous whose request ended abnormally (error, hang-up, timeout)",
+    ),
+    http_requests: counter_vec(
+        "smg_http_requests_total",
+        "HTTP requests by method and route",
+        &["method", "path"],
+    ),
+    http_request_duration: histogram(
+        "smg_http_request_duration_seconds",
+        "HTTP request duration by method and route",
+        &["method", "path"],
+    ),
+    worker_pool_size: gauge_vec(
+        "smg_worker_pool_size",
+        "Registered workers by leg, connection mode and model",
+        &["worker_type", "connection_mode", "model"],
+    ),
+    worker_routing_keys_active: gauge_vec(
+        "smg_worker_routing_keys_active",
+        "In-flight requests carrying a sticky routing key, per worker",
+        &["worker"],
     ),
     config_reloads: counter_vec(
         "pdgate_config_reloads_total",

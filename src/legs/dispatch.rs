@@ -87,6 +87,7 @@ pub async fn serve(
             Err(e) => Attempt::Refused(Reply::error(e.code(), e.message()).retryable(true)),
             Ok(pair) => {
                 ctx.pair = Some(pair.clone());
+                (ctx.room, ctx.transfer_id, ctx.connector) = (None, None, None);
                 drop(snap);
                 // A MoRI-IO decode decides the path (it cannot recompute, so it never falls back);
                 // otherwise the prefill's runtime picks the dispatch mode.

@@ -56,6 +56,8 @@ pub async fn attempt(
         .with_label_values(&[Connector::MoriIo.mode_label()])
         .inc();
     let transfer_id = mint_transfer_id();
+    ctx.connector = Some(Connector::MoriIo.mode_label());
+    ctx.transfer_id = Some(transfer_id.clone());
     let legs = Legs {
         gw,
         req,
@@ -143,7 +145,7 @@ impl Legs<'_> {
 
     /// A decode that answered non-2xx: its status and body, mapped as for any decode.
     async fn decode_refused(&self, leg: OpenLeg) -> Attempt {
-        self.pair.decode.breaker.record_status(Some(leg.status()));
+        self.pair.decode.record_leg(Some(leg.status()));
         Attempt::Refused(decode_refusal(leg, self.req.facts.stream).await)
     }
 
@@ -199,7 +201,7 @@ async fn sequential(
     let s = gw.settings();
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let prefill_req = legs.leg(&pair.prefill, &prefill_path, prefill_body);
-    let prefill_in_flight = pair.prefill.track();
+    let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
     let response = tokio::select! {
         r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size) => r,
         _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
@@ -215,7 +217,7 @@ async fn sequential(
         Err(reply) => return Attempt::Refused(reply),
     };
 
-    let _decode_in_flight = pair.decode.track();
+    let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(legs.route_path());
     let decode_body = vllm::decode_leg_body(&req.body, &req.top, Some(&params));
     let decode_req = legs.leg(&pair.decode, &decode_path, decode_body.into());
@@ -258,8 +260,8 @@ async fn concurrent(
     let decode_path = pair.decode.address.path_for(legs.route_path());
     let decode_body = vllm::decode_leg_body(&req.body, &req.top, Some(decode_params));
     let decode_req = legs.leg(&pair.decode, &decode_path, decode_body.into());
-    let prefill_in_flight = pair.prefill.track();
-    let _decode_in_flight = pair.decode.track();
+    let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
+    let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
 
     // Both legs live only inside this block: leaving it drops whichever is still open (its
     // connection closes, so its engine aborts the request) — a dropped leg records no outcome.
@@ -314,7 +316,7 @@ async fn concurrent(
 
 /// A decode leg that failed before its response head: a timeout, or 502 `decode_request_failed`.
 fn decode_failed(pair: &Pair, e: &LegError) -> Reply {
-    pair.decode.breaker.record_status(None);
+    pair.decode.record_leg(None);
     if e.kind == LegErrorKind::Timeout {
         return transport_refusal("decode", e);
     }

@@ -170,6 +170,14 @@ async fn run(
         pair.decode.url(),
     );
     *slot = Some(handoff.clone());
+    ctx.connector = Some("bootstrap");
+    log::debug!(
+        "request {} pair {} -> {} bootstrap_room={}",
+        ctx.request_id,
+        pair.prefill.url(),
+        pair.decode.url(),
+        ctx.room.unwrap_or_default()
+    );
     let dispatched = Instant::now();
     let labels = PdLabels::new(ctx, pair);
     let mut prefill = PrefillLeg::spawn(PrefillJob {
@@ -179,6 +187,7 @@ async fn run(
         body: prefill_body,
         headers: req.forward.clone(),
         handoff: handoff.clone(),
+        keyed: req.routing.routing_key.is_some(),
         keep_body: req.facts.logprobs,
         body_limit: s.max_payload_size,
         head_timeout: s.prefill_head_timeout,
@@ -190,7 +199,7 @@ async fn run(
             // a leg we dropped records nothing.
             Box::new(move |end| match end {
                 PrefillEnd::Completed { duration, status } => {
-                    worker.breaker.record_status(Some(status));
+                    worker.record_leg(Some(status));
                     if (200..300).contains(&status) {
                         METRICS
                             .pd_prefill_duration
@@ -198,13 +207,13 @@ async fn run(
                             .observe(duration.as_secs_f64());
                     }
                 }
-                PrefillEnd::Failed(_) => worker.breaker.record_status(None),
+                PrefillEnd::Failed(_) => worker.record_leg(None),
                 PrefillEnd::Cancelled => {}
             })
         },
     });
 
-    let _decode_in_flight = pair.decode.track();
+    let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_headers = req.forward.as_slice();
     let decode_path = pair.decode.address.path_for(req.route.upstream_path());
     let decode_req = LegRequest {
@@ -232,12 +241,12 @@ async fn run(
         tokio::select! {
             d = &mut decode_open, if decode.is_none() => match d {
                 Err(e) => {
-                    pair.decode.breaker.record_status(None);
+                    pair.decode.record_leg(None);
                     return Attempt::Refused(transport_refusal("decode", &e));
                 }
                 Ok(leg) if !leg.is_success() => {
                     drop(prefill);
-                    pair.decode.breaker.record_status(Some(leg.status()));
+                    pair.decode.record_leg(Some(leg.status()));
                     return Attempt::Refused(decode_refusal(leg, req.facts.stream).await);
                 }
                 Ok(leg) => decode = Some(leg),

@@ -50,6 +50,8 @@ pub struct PrefillJob {
     pub headers: ForwardHeaders,
     /// The rendezvous this leg belongs to: held until the leg ends.
     pub handoff: Arc<Handoff>,
+    /// The request carries a sticky routing key.
+    pub keyed: bool,
     /// Keep the 2xx body for the logprob merge.
     pub keep_body: bool,
     pub body_limit: usize,
@@ -124,7 +126,7 @@ async fn run(
     body_tx: oneshot::Sender<Result<Bytes, LegError>>,
     mut control: oneshot::Receiver<()>,
 ) {
-    let _in_flight = job.worker.track();
+    let _in_flight = job.worker.track(job.keyed);
     let started = Instant::now();
     let headers = job.headers.as_slice();
     let req = LegRequest {

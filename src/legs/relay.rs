@@ -282,8 +282,8 @@ pub async fn relay_decode(
     let status = decode.status();
     let (end, reusable) = relay(session, ctx, decode, plan).await;
     match &end {
-        RelayEnd::Complete => pair.decode.breaker.record_status(Some(status)),
-        RelayEnd::CutShort(_) | RelayEnd::StreamError(_) => pair.decode.breaker.record_status(None),
+        RelayEnd::Complete => pair.decode.record_leg(Some(status)),
+        RelayEnd::CutShort(_) | RelayEnd::StreamError(_) => pair.decode.record_leg(None),
         // The gateway dropped the leg: it says nothing about the engine.
         RelayEnd::ClientGone => {}
     }

@@ -125,6 +125,7 @@ async fn run(
 ) -> Attempt {
     let s = gw.settings();
     let connector = Connector::from_name(pair.prefill.spec.kv_connector.as_deref());
+    ctx.connector = Some(connector.mode_label());
     METRICS
         .pd_kv_connector_mode
         .with_label_values(&[connector.mode_label()])
@@ -134,7 +135,7 @@ async fn run(
     let headers = req.forward.as_slice();
     let route_path = req.route.upstream_path();
     // The prefill worker counts this attempt even when n>1 skips its leg (SMG's accounting).
-    let prefill_in_flight = pair.prefill.track();
+    let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
 
     let decode_params: Option<Bytes> = if req.facts.n > 1 {
         None
@@ -147,6 +148,7 @@ async fn run(
                 prefill_tag,
                 decode_params,
             } => {
+                ctx.transfer_id = Some(transfer_id.clone());
                 *handoff = Some(gw.ledger.open(
                     Kind::TransferId,
                     &transfer_id,
@@ -215,7 +217,7 @@ async fn run(
     );
 
     let prefill_done = Instant::now();
-    let _decode_in_flight = pair.decode.track();
+    let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(route_path);
     let decode_req = LegRequest {
         method: "POST",
@@ -243,11 +245,11 @@ async fn run(
     };
     let decode = match opened {
         Err(e) if e.kind == LegErrorKind::Timeout => {
-            pair.decode.breaker.record_status(None);
+            pair.decode.record_leg(None);
             return Attempt::Refused(transport_refusal("decode", &e));
         }
         Err(e) => {
-            pair.decode.breaker.record_status(None);
+            pair.decode.record_leg(None);
             return Attempt::Refused(
                 Reply::error(
                     ErrorCode::DecodeRequestFailed,
@@ -257,7 +259,7 @@ async fn run(
             );
         }
         Ok(leg) if !leg.is_success() => {
-            pair.decode.breaker.record_status(Some(leg.status()));
+            pair.decode.record_leg(Some(leg.status()));
             return Attempt::Refused(decode_refusal(leg, req.facts.stream).await);
         }
         Ok(leg) => leg,
@@ -276,11 +278,11 @@ pub(crate) async fn prefill_round_trip(
     let mut leg = match gw.client.open(&worker.peer, req, head_timeout).await {
         Ok(leg) => leg,
         Err(e) if e.kind == LegErrorKind::Timeout => {
-            worker.breaker.record_status(None);
+            worker.record_leg(None);
             return Err(transport_refusal("prefill", &e));
         }
         Err(e) => {
-            worker.breaker.record_status(None);
+            worker.record_leg(None);
             return Err(Reply::error(
                 ErrorCode::PrefillRequestFailed,
                 format!("Prefill transport error: {e}"),
@@ -293,7 +295,7 @@ pub(crate) async fn prefill_round_trip(
     let body = match leg.read_to_end(limit).await {
         Ok(b) => b,
         Err(e) => {
-            worker.breaker.record_status(None);
+            worker.record_leg(None);
             return Err(Reply::error(
                 ErrorCode::PrefillReadFailed,
                 format!("Prefill response could not be read: {e}"),
@@ -301,7 +303,7 @@ pub(crate) async fn prefill_round_trip(
             .retryable(true));
         }
     };
-    worker.breaker.record_status(Some(status));
+    worker.record_leg(Some(status));
     if !leg.is_success() {
         // The prefill's own status goes to the client (a 429 stays a 429).
         return Err(Reply::error_with_status(

@@ -25,6 +25,11 @@ pub struct RequestCtx {
     pub pair: Option<Pair>,
     /// The (first) bootstrap room of the last attempt.
     pub room: Option<u64>,
+    /// The transfer id the gateway minted for the last attempt (Mooncake, MoRI-IO).
+    pub transfer_id: Option<String>,
+    /// How the last attempt handed the KV over (`bootstrap` for SGLang rooms; the vLLM
+    /// connector mode otherwise).
+    pub connector: Option<&'static str>,
     /// Attempts made (1 = no retry).
     pub attempts: u32,
     /// Prefill dispatch → first decode byte written to the client.
@@ -51,6 +56,8 @@ impl RequestCtx {
             streaming: false,
             pair: None,
             room: None,
+            transfer_id: None,
+            connector: None,
             attempts: 0,
             ttft: None,
             response_started: false,

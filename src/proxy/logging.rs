@@ -22,10 +22,19 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
         .as_ref()
         .map_or("unmatched", Endpoint::metric_path);
     let status_label = status.to_string();
+    let method = session.req_header().method.as_str();
     METRICS
         .http_responses
         .with_label_values(&[path_label, &status_label, ctx.error_code.unwrap_or("")])
         .inc();
+    METRICS
+        .http_requests
+        .with_label_values(&[method, path_label])
+        .inc();
+    METRICS
+        .http_request_duration
+        .with_label_values(&[method, path_label])
+        .observe(elapsed.as_secs_f64());
 
     if let Some(Endpoint::Pd(route)) = &ctx.endpoint {
         let model = ctx.model_label.as_deref().unwrap_or("unknown");
@@ -59,11 +68,10 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
             .pair
             .as_ref()
             .map_or(("-", "-"), |p| (p.prefill.url(), p.decode.url()));
-        let method = &session.req_header().method;
         let path = session.req_header().uri.path();
         log::info!(
             target: "pdgate::access",
-            "request_id={} method={} path={} model={} status={} error={} prefill={} decode={} room={} attempts={} ttft_ms={} duration_ms={:.1}{}",
+            "request_id={} method={} path={} model={} status={} error={} prefill={} decode={} connector={} room={} transfer_id={} attempts={} ttft_ms={} duration_ms={:.1}{}",
             ctx.request_id,
             method,
             path,
@@ -72,7 +80,9 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
             ctx.error_code.unwrap_or("-"),
             prefill,
             decode,
+            ctx.connector.unwrap_or("-"),
             ctx.room.map_or_else(|| "-".to_string(), |r| r.to_string()),
+            ctx.transfer_id.as_deref().unwrap_or("-"),
             ctx.attempts,
             ctx.ttft.map_or_else(|| "-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
             elapsed.as_secs_f64() * 1e3,

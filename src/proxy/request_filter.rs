@@ -292,7 +292,7 @@ async fn count_tokens(
             // The body streams through Pingora's proxy loop: bound each read by the body
             // deadline (the whole-body deadline is checked per chunk in request_body_filter).
             session.set_read_timeout(Some(gw.settings().body_read_timeout));
-            let guard = w.track();
+            let guard = w.track(header_str(session, "x-smg-routing-key").is_some());
             ctx.single_leg = Some((w.clone(), guard));
             Ok(false)
         }

@@ -22,6 +22,7 @@ use super::worker::{Status, Worker};
 use crate::config::{HealthSettings, RuntimeType};
 use crate::gateway::{Gateway, Settings};
 use crate::legs::client::LegClient;
+use crate::metrics::METRICS;
 
 #[derive(Default)]
 struct ProbeState {
@@ -39,6 +40,13 @@ pub struct HealthChecker {
 
 impl HealthChecker {
     /// Applies one probe result to a worker. Pure state-machine step, shared by tests.
+    fn count_probe(w: &Worker, ok: bool) {
+        METRICS
+            .worker_health_checks
+            .with_label_values(&[w.role().as_str(), if ok { "success" } else { "failure" }])
+            .inc();
+    }
+
     fn apply(
         &self,
         global: &HealthSettings,
@@ -48,6 +56,7 @@ impl HealthChecker {
         now: Instant,
     ) {
         let s = &settings_for(global, w);
+        Self::count_probe(w, ok);
         if ok {
             st.consecutive_failures = 0;
             st.consecutive_successes += 1;

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use super::pairing::{compatible, Descriptor};
 use super::worker::Worker;
 use crate::config::{PairingMode, WorkerType};
+use crate::metrics::METRICS;
 
 /// An immutable view of the fleet at one instant.
 pub struct Snapshot {
@@ -42,6 +43,7 @@ impl Snapshot {
                     .collect()
             })
             .collect();
+        publish_pool_sizes(&all);
         Snapshot {
             prefills,
             decodes,
@@ -72,6 +74,34 @@ impl Snapshot {
             }
         };
         list.iter().filter(|w| w.is_healthy()).count()
+    }
+}
+
+/// `smg_worker_pool_size`: registered workers per leg and model (every combination seen so far
+/// is rewritten, so one that emptied reads 0).
+fn publish_pool_sizes(all: &[Arc<Worker>]) {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex as StdMutex;
+    static SEEN: StdMutex<BTreeMap<(String, String), i64>> = StdMutex::new(BTreeMap::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    for v in seen.values_mut() {
+        *v = 0;
+    }
+    for w in all {
+        let model = w
+            .models()
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "unknown".into());
+        *seen
+            .entry((w.role().as_str().to_string(), model))
+            .or_insert(0) += 1;
+    }
+    for ((role, model), n) in seen.iter() {
+        METRICS
+            .worker_pool_size
+            .with_label_values(&[role, "http", model])
+            .set(*n);
     }
 }
 

@@ -366,6 +366,22 @@ impl Worker {
         }
     }
 
+    /// Records how one leg sent to this worker ended (`None`: no usable response — transport
+    /// failure or timeout): its breaker outcome, and `smg_worker_errors_total` for failures.
+    pub fn record_leg(&self, status: Option<u16>) {
+        self.breaker.record_status(status);
+        let error_type = match status {
+            None => "transport",
+            Some(s) if (500..600).contains(&s) => "server_error",
+            Some(408) | Some(504) => "timeout",
+            _ => return,
+        };
+        METRICS
+            .worker_errors
+            .with_label_values(&[self.role().as_str(), "http", error_type])
+            .inc();
+    }
+
     /// Records the load monitor's latest report (or its absence) and the overload verdict.
     pub fn set_load(&self, report: Option<EngineLoad>, overloaded: bool) {
         self.load.store(report.map(Arc::new));
@@ -385,28 +401,47 @@ impl Worker {
         Some(l)
     }
 
-    /// Counts one in-flight request until the returned guard drops.
-    pub fn track(self: &Arc<Self>) -> InFlight {
+    /// Counts one in-flight request until the returned guard drops. `keyed`: the request
+    /// carries a sticky routing key (also counted in `smg_worker_routing_keys_active`).
+    pub fn track(self: &Arc<Self>, keyed: bool) -> InFlight {
         self.dispatched.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_gauge.inc();
-        InFlight(self.clone())
+        if keyed {
+            self.keys_gauge().inc();
+        }
+        InFlight {
+            worker: self.clone(),
+            keyed,
+        }
+    }
+
+    fn keys_gauge(&self) -> IntGauge {
+        METRICS
+            .worker_routing_keys_active
+            .with_label_values(&[self.url()])
     }
 }
 
 /// One in-flight request on a worker; dropping it ends the count (whatever way the leg ended).
-pub struct InFlight(Arc<Worker>);
+pub struct InFlight {
+    worker: Arc<Worker>,
+    keyed: bool,
+}
 
 impl InFlight {
     pub fn worker(&self) -> &Arc<Worker> {
-        &self.0
+        &self.worker
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.active_gauge.dec();
+        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.worker.active_gauge.dec();
+        if self.keyed {
+            self.worker.keys_gauge().dec();
+        }
     }
 }
 

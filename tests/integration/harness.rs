@@ -39,6 +39,11 @@ impl Gateway {
     /// Starts `pdgate run` with `workers` (POST /workers bodies) and extra `gateway:` keys
     /// (`extra` is YAML lines indented by two spaces), and waits until it answers `/health`.
     pub async fn start(workers: &[Value], extra: &str) -> Gateway {
+        Gateway::start_with_env(workers, extra, &[]).await
+    }
+
+    /// [`Gateway::start`] with extra environment variables for the process (e.g. `RUST_LOG`).
+    pub async fn start_with_env(workers: &[Value], extra: &str, env: &[(&str, &str)]) -> Gateway {
         let port = free_port();
         let prometheus_port = free_port();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateways");
@@ -85,7 +90,7 @@ impl Gateway {
             }
         }
         std::fs::write(&conf, yaml).expect("write the test config");
-        let mut gw = Gateway::spawn(&conf, port, prometheus_port, log);
+        let mut gw = Gateway::spawn_with_env(&conf, port, prometheus_port, log, &[], env);
         gw.wait_http("/health", Duration::from_secs(20)).await;
         gw.wait_metrics(Duration::from_secs(20)).await;
         gw
@@ -104,12 +109,25 @@ impl Gateway {
         log: PathBuf,
         args: &[&str],
     ) -> Gateway {
+        Gateway::spawn_with_env(conf, port, prometheus_port, log, args, &[])
+    }
+
+    /// [`Gateway::spawn_with`] plus environment variables for the process.
+    pub fn spawn_with_env(
+        conf: &std::path::Path,
+        port: u16,
+        prometheus_port: u16,
+        log: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Gateway {
         let out = std::fs::File::create(&log).expect("create the gateway log");
         let err = out.try_clone().expect("clone the log handle");
         let child = Command::new(pdgate_bin())
             .args(["run", "-c"])
             .arg(conf)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .spawn()
@@ -142,6 +160,11 @@ impl Gateway {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         None
+    }
+
+    /// The gateway's process id (e.g. to read its memory from `/proc/<pid>/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn url(&self, path: &str) -> String {

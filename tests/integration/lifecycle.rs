@@ -269,20 +269,30 @@ async fn a_retry_lands_on_another_pair_with_a_new_room_and_drops_the_first_legs(
     .await;
     let r = gw.post("/generate", &generate()).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let records = d.wait_records(2, Duration::from_secs(5)).await;
-    assert_eq!(records.len(), 2, "decode legs: {records:?}");
-    assert!(
-        records[0].outcome.cancelled,
-        "the first attempt's decode leg was not dropped"
-    );
-    let (r1, r2) = (
-        &records[0].body["bootstrap_room"],
-        &records[1].body["bootstrap_room"],
-    );
-    assert_ne!(r1, r2, "the retry reused the room");
-    assert_eq!(p2.records()[0].body["bootstrap_room"], *r2);
+    // The first attempt's decode leg was dropped when p1 failed — or never got out at all, when
+    // p1's error arrived before it was written.
+    let records = d
+        .wait_for(Duration::from_secs(5), |e| {
+            let r = e.records();
+            !r.is_empty() && r.iter().all(|r| r.is_done())
+        })
+        .await;
+    assert!(records);
+    let records = d.records();
+    assert!(records.len() <= 2, "decode legs: {records:?}");
+    let last = records.last().unwrap();
+    if records.len() == 2 {
+        assert!(
+            records[0].outcome.cancelled,
+            "the first attempt's decode leg was not dropped"
+        );
+    }
+    let first_room = &p1.records()[0].body["bootstrap_room"];
+    let retry_room = &last.body["bootstrap_room"];
+    assert_ne!(first_room, retry_room, "the retry reused the room");
+    assert_eq!(p2.records()[0].body["bootstrap_room"], *retry_room);
     assert_eq!(
-        records[1].handoff.peer_addr.as_deref(),
+        last.handoff.peer_addr.as_deref(),
         Some(format!("{}:{}", p2.host(), p2.bootstrap_port().unwrap()).as_str())
     );
     let m = gw.metrics().await;

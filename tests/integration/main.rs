@@ -6,6 +6,7 @@ mod harness;
 mod lifecycle;
 mod policies;
 mod moriio;
+mod observability;
 mod operations;
 mod sglang;
 mod vllm;
