@@ -63,7 +63,7 @@ pub fn prefill_input_logprobs(prefill_body: &[u8], is_sse: bool) -> Option<Prefi
 /// merges item by item; items without arrays stay as they are.
 pub fn merge_json(decode_body: &[u8], prefill: &PrefillLogprobs) -> Option<Vec<u8>> {
     let body = decode_body;
-    let trimmed = body.trim_ascii();
+    let trimmed = trim_json_whitespace(body);
     let offset = trimmed.as_ptr() as usize - body.as_ptr() as usize;
     match (value::kind(trimmed)?, prefill) {
         (Kind::Object, PrefillLogprobs::Single(p)) => {
@@ -165,6 +165,19 @@ fn input_logprobs_range(obj: &[u8]) -> Option<(TopLevel, Range<usize>)> {
     }
     let start = meta_range.start + itl.value.start;
     Some((top, start..start + raw.len()))
+}
+
+/// `bytes` without the JSON whitespace (space, tab, LF, CR) around it. Not `trim_ascii`, which
+/// also strips form feeds: a body wrapped in them is not JSON, and merging it would hand the
+/// client invalid JSON as if it were merged output (found by the `logprobs` fuzz target).
+fn trim_json_whitespace(bytes: &[u8]) -> &[u8] {
+    let is_ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let start = bytes.iter().position(|b| !is_ws(b)).unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !is_ws(b))
+        .map_or(start, |e| e + 1);
+    &bytes[start..end]
 }
 
 /// Byte ranges of a JSON array's elements, relative to `array`.
@@ -322,6 +335,26 @@ mod tests {
             br#"[{"meta_info":{"input_token_logprobs":[1]}}]"#,
         ] {
             assert_eq!(merge_json(d, &p), None, "{}", String::from_utf8_lossy(d));
+        }
+    }
+
+    #[test]
+    fn merge_json_refuses_a_body_wrapped_in_form_feeds() {
+        let p = single("[1]");
+        for d in [
+            &b"{\"meta_info\":{\"input_token_logprobs\":[2]}}\x0c"[..],
+            b"\x0c{\"meta_info\":{\"input_token_logprobs\":[2]}}",
+            b"\x0c[{\"meta_info\":{\"input_token_logprobs\":[2]}}]",
+        ] {
+            assert!(serde_json::from_slice::<Value>(d).is_err());
+            let batch = PrefillLogprobs::Batch(vec![Some(b"[1]".to_vec())]);
+            assert_eq!(merge_json(d, &p), None, "{}", String::from_utf8_lossy(d));
+            assert_eq!(
+                merge_json(d, &batch),
+                None,
+                "{}",
+                String::from_utf8_lossy(d)
+            );
         }
     }
 

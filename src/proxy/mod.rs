@@ -121,16 +121,18 @@ impl ProxyHttp for PdGateway {
                 ErrorCode::RequestTimeout,
                 "request body not received within body_read_timeout_secs",
             ),
+            // The details (peer addresses) go to the log, not to the client.
             (ErrorSource::Upstream, ErrorType::ConnectTimedout | ErrorType::ReadTimedout) => {
-                Reply::error(ErrorCode::Timeout, format!("upstream timed out: {e}"))
+                Reply::error(ErrorCode::Timeout, "the upstream worker timed out")
             }
-            (ErrorSource::Upstream, _) => {
-                Reply::error(ErrorCode::PdRequestFailed, format!("Transport error: {e}"))
-            }
+            (ErrorSource::Upstream, _) => Reply::error(
+                ErrorCode::PdRequestFailed,
+                "Transport error: the upstream worker connection failed",
+            ),
             (ErrorSource::Downstream, _) => {
-                Reply::error(ErrorCode::InvalidRequest, format!("bad request: {e}"))
+                Reply::error(ErrorCode::InvalidRequest, "the request could not be read")
             }
-            _ => Reply::error(ErrorCode::InternalError, format!("internal error: {e}")),
+            _ => Reply::error(ErrorCode::InternalError, "internal error"),
         };
         let status = reply.status;
         session.set_keepalive(None);

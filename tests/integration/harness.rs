@@ -239,6 +239,18 @@ impl Gateway {
         .text()
     }
 
+    /// Scrapes until `ready` holds on the exposition (or a deadline passes) and returns it.
+    pub async fn metrics_when(&self, ready: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = self.metrics().await;
+            if ready(&m) || Instant::now() > end {
+                return m;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Opens a streaming request (the connection closes when the result is dropped).
     pub async fn stream(&self, path: &str, body: &Value) -> client::StreamingResponse {
         client::stream(

@@ -3,11 +3,12 @@
 
 mod cli;
 mod harness;
+mod hostile;
 mod lifecycle;
-mod policies;
 mod moriio;
 mod observability;
 mod operations;
+mod policies;
 mod sglang;
 mod vllm;
 mod workers;

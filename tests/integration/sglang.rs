@@ -602,12 +602,19 @@ async fn metrics_show_request_and_pd_ttft_series() {
         .post("/v1/chat/completions", &json!({"model": "mock-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}))
         .await;
     assert_eq!(r.status, 200);
-    let m = gw.metrics().await;
     let labels = [
         ("backend_type", "pd"),
         ("model", "mock-model"),
         ("runtime", "sglang"),
     ];
+    // Request series are recorded in the logging phase and the prefill duration when the
+    // prefill's drain ends — both may land just after the client has its answer.
+    let m = gw
+        .metrics_when(|m| {
+            metric_value(m, "smg_router_requests_total", &[("endpoint", "chat")]).is_some()
+                && metric_value(m, "smg_pd_prefill_duration_seconds_count", &labels).is_some()
+        })
+        .await;
     assert_eq!(
         metric_value(&m, "smg_pd_ttft_seconds_count", &labels),
         Some(1.0),

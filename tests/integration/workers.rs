@@ -56,9 +56,11 @@ async fn wait_status(gw: &Gateway, id: &str, want: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_added_at_runtime_is_used_only_once_healthy() {
     let p = engine(Role::Prefill, [127, 0, 0, 2]).await;
-    let gw = Gateway::start(&[p.worker_spec()], "").await;
-    // Register a decode whose engine is not up yet: it stays pending and gets no traffic.
-    let port = free_port();
+    let gw = Gateway::start(&[p.worker_spec()], "  health_check_timeout_secs: 1\n").await;
+    // Register a decode whose engine is not up yet: it stays pending and gets no traffic. The
+    // port is held by a listener that never answers until the engine takes it over.
+    let holder = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
     let url = format!("http://127.0.0.3:{port}");
     let r = gw
         .post(
@@ -81,6 +83,7 @@ async fn a_worker_added_at_runtime_is_used_only_once_healthy() {
 
     let mut cfg = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 0, 3]);
     cfg.port = port;
+    drop(holder);
     let d = MockEngine::spawn(cfg).await.unwrap();
     wait_status(&gw, &id, "ready").await;
     let ok = gw
