@@ -2,6 +2,8 @@
 //! one function that writes it. Every reply carries `x-request-id`; gateway errors carry the
 //! JSON error body and `X-SMG-Error-Code` from the catalogue in `pdgate_filters::errors`.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use pdgate_filters::errors::{render_error, ErrorCode};
 use pingora::http::ResponseHeader;
@@ -16,7 +18,7 @@ pub const SSE: &str = "text/event-stream";
 #[derive(Clone, Debug)]
 pub struct Reply {
     pub status: u16,
-    pub content_type: &'static str,
+    pub content_type: Cow<'static, str>,
     pub body: Bytes,
     /// Gateway error code (header `X-SMG-Error-Code`, metrics, access log).
     pub error_code: Option<&'static str>,
@@ -24,8 +26,8 @@ pub struct Reply {
     pub retry_after: Option<u64>,
     /// Whether the attempt loop may retry this outcome with a new pair.
     pub retryable: bool,
-    /// Extra headers (e.g. `x-smg-routed-worker-id`, `allow`).
-    pub headers: Vec<(&'static str, String)>,
+    /// Extra headers (e.g. `x-smg-routed-worker-id`, `allow`, an engine's own headers).
+    pub headers: Vec<(Cow<'static, str>, String)>,
 }
 
 impl Reply {
@@ -38,7 +40,7 @@ impl Reply {
     pub fn error_with_status(status: u16, code: ErrorCode, message: impl AsRef<str>) -> Reply {
         Reply {
             status,
-            content_type: JSON,
+            content_type: Cow::Borrowed(JSON),
             body: Bytes::from(render_error(status, code.as_str(), message.as_ref())),
             error_code: Some(code.as_str()),
             retry_after: None,
@@ -58,7 +60,7 @@ impl Reply {
     pub fn body(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
         Reply {
             status,
-            content_type,
+            content_type: Cow::Borrowed(content_type),
             body: body.into(),
             error_code: None,
             retry_after: None,
@@ -73,7 +75,7 @@ impl Reply {
     }
 
     pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
-        self.headers.push((name, value.into()));
+        self.headers.push((Cow::Borrowed(name), value.into()));
         self
     }
 
@@ -90,7 +92,7 @@ pub async fn send(
     reply: Reply,
 ) -> pingora::Result<()> {
     let mut h = ResponseHeader::build(reply.status, Some(5 + reply.headers.len()))?;
-    h.insert_header("content-type", reply.content_type)?;
+    h.insert_header("content-type", reply.content_type.as_ref())?;
     h.insert_header("content-length", reply.body.len())?;
     if let Some(code) = reply.error_code {
         // Codes are ASCII from the catalogue; SMG's one code with spaces is still a valid value.
@@ -100,7 +102,7 @@ pub async fn send(
         h.insert_header("retry-after", secs)?;
     }
     for (name, value) in &reply.headers {
-        h.insert_header(*name, value.as_str())?;
+        h.append_header(name.to_string(), value.as_str())?;
     }
     if !ctx.request_id.is_empty() {
         h.insert_header("x-request-id", ctx.request_id.as_str())?;

@@ -45,11 +45,12 @@ pub enum RelayEnd {
     Complete,
     /// The client went away; the decode leg was dropped.
     ClientGone,
-    /// The decode leg failed after the head went out; the client response was cut.
-    CutShort(String),
     /// A stream failed or ran out of time after its head: it ended with an SSE error event
     /// (the status was already sent), and the decode leg was dropped.
     StreamError(String),
+    /// A non-streamed decode body failed before anything went to the client: answer this
+    /// (the attempt may be retried).
+    NotSent(Reply),
 }
 
 pub struct RelayPlan<'a> {
@@ -65,43 +66,35 @@ pub struct RelayPlan<'a> {
     pub deadline: Instant,
 }
 
-/// The client-facing head built from the decode's: its status and headers minus hop-by-hop
-/// ones; SSE gets `text/event-stream` and chunked framing (H1 flushes every chunk then).
-fn client_head(
+/// The head of a streamed answer, built from the decode's: its status and headers minus
+/// hop-by-hop ones and its framing, as `text/event-stream` with chunked framing (Pingora's H1
+/// writer flushes every chunk then).
+fn stream_head(
     decode: Option<&ResponseHeader>,
     status: u16,
-    streaming: bool,
     ctx: &RequestCtx,
     decode_url: &str,
 ) -> pingora::Result<ResponseHeader> {
     let mut h = ResponseHeader::build(status, Some(8))?;
-    let mut has_length = false;
     if let Some(d) = decode {
         for (name, value) in d.headers.iter() {
             let n = name.as_str();
-            if HOP_BY_HOP.contains(&n)
-                || (streaming && (n == "content-length" || n == "content-type"))
-            {
+            if HOP_BY_HOP.contains(&n) || n == "content-length" || n == "content-type" {
                 continue;
             }
-            has_length |= n == "content-length";
             h.append_header(name.clone(), value.clone())?;
         }
     }
-    if streaming {
-        h.insert_header("content-type", SSE)?;
-        h.insert_header("cache-control", "no-cache")?;
-    }
-    if streaming || !has_length {
-        h.insert_header("transfer-encoding", "chunked")?;
-    }
+    h.insert_header("content-type", SSE)?;
+    h.insert_header("cache-control", "no-cache")?;
+    h.insert_header("transfer-encoding", "chunked")?;
     h.insert_header("x-smg-routed-worker-id", decode_url)?;
     h.insert_header("x-request-id", ctx.request_id.as_str())?;
     Ok(h)
 }
 
-/// Streams (or merges and sends) the decode response. The head goes out here; from then on the
-/// request can no longer be retried.
+/// Sends the decode response: a stream chunk by chunk (the head goes out first; from then on
+/// the request can no longer be retried), a non-streamed answer whole.
 pub async fn relay(
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -110,12 +103,17 @@ pub async fn relay(
 ) -> (RelayEnd, Option<OpenLeg>) {
     leg.set_read_timeout(Some(plan.stall_timeout));
     let status = leg.status();
-    if let (Some(lp), false) = (plan.logprobs, plan.streaming) {
-        return relay_merged_json(session, ctx, leg, lp, &plan, status).await;
+    if !plan.streaming {
+        return relay_whole(session, ctx, leg, &plan, status).await;
     }
-    let head = match client_head(leg.head(), status, plan.streaming, ctx, plan.decode_url) {
+    let head = match stream_head(leg.head(), status, ctx, plan.decode_url) {
         Ok(h) => h,
-        Err(e) => return (RelayEnd::CutShort(e.to_string()), None),
+        Err(e) => {
+            return (
+                RelayEnd::NotSent(Reply::error(ErrorCode::InternalError, e.to_string())),
+                None,
+            )
+        }
     };
     ctx.status = status;
     ctx.response_started = true;
@@ -126,12 +124,11 @@ pub async fn relay(
     {
         return (RelayEnd::ClientGone, None);
     }
-    let merge = match plan.logprobs {
-        Some(Some(lp)) if plan.streaming => Some((lp, SseSplitter::new())),
+    let mut merge = match plan.logprobs {
+        Some(Some(lp)) => Some((lp, SseSplitter::new())),
         _ => None,
     };
-    let mut merge = merge;
-    let mut done = plan.streaming.then(DoneDetector::new);
+    let mut done = DoneDetector::new();
     let mut saw_done = false;
     let deadline = tokio::time::Instant::from_std(plan.deadline);
     loop {
@@ -149,18 +146,11 @@ pub async fn relay(
             Ok(Some(c)) => c,
             Ok(None) => break,
             Err(_) if saw_done => break,
-            Err(e) if plan.streaming => {
-                return (end_stream_with_error(session, ctx, &e).await, None)
-            }
-            Err(e) => {
-                return (RelayEnd::CutShort(e.to_string()), None);
-            }
+            Err(e) => return (end_stream_with_error(session, ctx, &e).await, None),
         };
-        if let Some(d) = done.as_mut() {
-            if !saw_done && d.feed(&chunk) {
-                saw_done = true;
-                leg.set_read_timeout(Some(AFTER_DONE_GRACE));
-            }
+        if !saw_done && done.feed(&chunk) {
+            saw_done = true;
+            leg.set_read_timeout(Some(AFTER_DONE_GRACE));
         }
         let out = match merge.as_mut() {
             Some((lp, splitter)) => merge_chunk(splitter, &chunk, lp),
@@ -237,28 +227,78 @@ fn merge_chunk(splitter: &mut SseSplitter, chunk: &[u8], lp: &PrefillLogprobs) -
     out.freeze()
 }
 
-/// Non-streaming with logprobs: the gateway builds the body (merged, or the decode body as is
-/// when the prefill had nothing to merge) and sends it as `application/json`.
-async fn relay_merged_json(
+/// A non-streamed answer: the decode body is read whole (bounded, with the client watched and
+/// the total deadline) before anything goes out, so a decode that breaks mid-body is a clean 502
+/// or 504 (and may be retried) rather than a truncated 200. With logprobs the gateway builds the
+/// body (merged, or the decode body as is when the prefill had nothing to merge) as
+/// `application/json`; otherwise the engine's body and headers are relayed as sent.
+async fn relay_whole(
     session: &mut Session,
     ctx: &mut RequestCtx,
     mut leg: OpenLeg,
-    lp: Option<&PrefillLogprobs>,
     plan: &RelayPlan<'_>,
     status: u16,
 ) -> (RelayEnd, Option<OpenLeg>) {
+    let deadline = tokio::time::Instant::from_std(plan.deadline);
     let body = tokio::select! {
         b = leg.read_to_end(plan.body_limit) => b,
         _ = session.read_body_or_idle(true) => return (RelayEnd::ClientGone, None),
+        _ = tokio::time::sleep_until(deadline) => Err(LegError {
+            kind: LegErrorKind::Timeout,
+            detail: "the request ran past request_timeout_secs".into(),
+        }),
     };
     let body = match body {
         Ok(b) => b,
-        Err(e) => return (RelayEnd::CutShort(e.to_string()), None),
+        Err(e) => {
+            let reply = if e.kind == LegErrorKind::Timeout {
+                Reply::error(
+                    ErrorCode::Timeout,
+                    format!("the decode answer did not complete: {e}"),
+                )
+            } else {
+                Reply::error(
+                    ErrorCode::ReadResponseFailed,
+                    format!("Failed to read response: {e}"),
+                )
+            };
+            return (RelayEnd::NotSent(reply.retryable(true)), None);
+        }
     };
-    let merged = lp.and_then(|lp| merge_json(&body, lp)).map(Bytes::from);
-    let out = merged.unwrap_or(body);
-    let reply =
-        Reply::body(status, JSON, out).with_header("x-smg-routed-worker-id", plan.decode_url);
+    let reply = match plan.logprobs {
+        Some(lp) => {
+            let merged = lp.and_then(|lp| merge_json(&body, lp)).map(Bytes::from);
+            Reply::body(status, JSON, merged.unwrap_or(body))
+        }
+        None => {
+            let mut r = Reply::body(status, JSON, body);
+            if let Some(head) = leg.head() {
+                if let Some(ct) = head
+                    .headers
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                {
+                    r.content_type = std::borrow::Cow::Owned(ct.to_string());
+                }
+                for (name, value) in head.headers.iter() {
+                    let n = name.as_str();
+                    if !HOP_BY_HOP.contains(&n)
+                        && n != "content-length"
+                        && n != "content-type"
+                        && n != "date"
+                        && n != "server"
+                    {
+                        if let Ok(v) = value.to_str() {
+                            r.headers
+                                .push((std::borrow::Cow::Owned(n.to_string()), v.to_string()));
+                        }
+                    }
+                }
+            }
+            r
+        }
+    };
+    let reply = reply.with_header("x-smg-routed-worker-id", plan.decode_url);
     if ctx.ttft.is_none() {
         ctx.ttft = Some(plan.dispatched.elapsed());
     }
@@ -283,7 +323,7 @@ pub async fn relay_decode(
     let (end, reusable) = relay(session, ctx, decode, plan).await;
     match &end {
         RelayEnd::Complete => pair.decode.record_leg(Some(status)),
-        RelayEnd::CutShort(_) | RelayEnd::StreamError(_) => pair.decode.record_leg(None),
+        RelayEnd::StreamError(_) | RelayEnd::NotSent(_) => pair.decode.record_leg(None),
         // The gateway dropped the leg: it says nothing about the engine.
         RelayEnd::ClientGone => {}
     }
@@ -299,7 +339,7 @@ pub async fn relay_decode(
     match end {
         RelayEnd::Complete => Attempt::Answered,
         RelayEnd::ClientGone => Attempt::ClientGone,
-        RelayEnd::CutShort(why) => Attempt::CutShort(why),
         RelayEnd::StreamError(why) => Attempt::EndedWithError(why),
+        RelayEnd::NotSent(reply) => Attempt::Refused(reply),
     }
 }

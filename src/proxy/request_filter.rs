@@ -26,6 +26,33 @@ pub async fn run(
     session: &mut Session,
     ctx: &mut RequestCtx,
 ) -> pingora::Result<bool> {
+    let answered = serve(gw, listener, session, ctx).await?;
+    if answered {
+        linger(session).await;
+    }
+    Ok(answered)
+}
+
+/// After answering without reading the request body (a refusal: 413, 404, 401, …), reads and
+/// discards what the client is still sending, for a bounded time, before the connection
+/// closes. Closing a socket with unread data makes the kernel reset it, and the client may lose
+/// the answer it was sent ("lingering close").
+async fn linger(session: &mut Session) {
+    if session.as_downstream_mut().is_body_done() {
+        return;
+    }
+    let _ = tokio::time::timeout(LINGER, session.as_downstream_mut().drain_request_body()).await;
+}
+
+/// How long a refused request's unread body is drained before the connection closes.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn serve(
+    gw: &Arc<Gateway>,
+    listener: Listener,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<bool> {
     let method = session.req_header().method.clone();
     let path = session.req_header().uri.path().to_string();
     let endpoint = routes::resolve(&method, &path).and_then(|e| {
