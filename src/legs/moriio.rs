@@ -279,8 +279,17 @@ async fn concurrent(
         tokio::pin!(prefill, decode);
         let mut decode_leg: Option<OpenLeg> = None;
         let mut handoff_ok = false;
+        // A client that leaves while the prefill is still pushing: cutting now would leave the
+        // decode's WRITE allocation waiting for a push that never comes (vLLM keeps those
+        // blocks, vllm#59382). So the prefill is drained to its end (its own deadline) with the
+        // decode still open, and only then are both dropped.
+        let mut client_gone = false;
+        let mut drain_until: Option<tokio::time::Instant> = None;
         loop {
             if handoff_ok {
+                if client_gone {
+                    break Concurrent::ClientGone;
+                }
                 if let Some(leg) = decode_leg.take() {
                     break Concurrent::Relay(leg);
                 }
@@ -292,16 +301,22 @@ async fn concurrent(
                     Ok(leg) => decode_leg = Some(leg),
                 },
                 p = &mut prefill, if !handoff_ok => match p {
+                    Err(_) if client_gone => break Concurrent::ClientGone,
                     Err(reply) => break Concurrent::Refused(reply),
                     Ok(response) => {
                         legs.prefill_done();
                         match legs.check_handoff(ctx, &response) {
                             Ok(_) => handoff_ok = true,
+                            Err(_) if client_gone => break Concurrent::ClientGone,
                             Err(reply) => break Concurrent::Refused(reply),
                         }
                     }
                 },
-                _ = session.read_body_or_idle(true) => break Concurrent::ClientGone,
+                _ = session.read_body_or_idle(true), if !client_gone => {
+                    client_gone = true;
+                    drain_until = Some(tokio::time::Instant::now() + HANG_UP_DRAIN);
+                }
+                _ = sleep_until_opt(drain_until) => break Concurrent::ClientGone,
             }
         }
     };
@@ -311,6 +326,18 @@ async fn concurrent(
         Concurrent::DecodeRefused(leg) => legs.decode_refused(leg).await,
         Concurrent::Refused(reply) => Attempt::Refused(reply),
         Concurrent::ClientGone => Attempt::ClientGone,
+    }
+}
+
+/// How long a concurrent WRITE prefill may go on pushing after the client left, before both
+/// legs are dropped anyway (as SMG bounds a decode abort waiting for its handoff). The
+/// prefill's own head deadline applies too.
+const HANG_UP_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -235,6 +235,9 @@ async fn run(
     tokio::pin!(decode_open);
 
     // Both heads, first failure wins.
+    // A prefill that fails after its 2xx head (stalls, breaks) dooms the decode, which waits
+    // for KV that will not come: watch it until the decode has produced output.
+    let mut prefill_watch = prefill.watch();
     let mut decode: Option<OpenLeg> = None;
     let mut prefill_ok = false;
     while decode.is_none() || !prefill_ok {
@@ -258,6 +261,9 @@ async fn run(
                 }
                 Ok(_) => prefill_ok = true,
             },
+            _ = prefill_watch.failed(), if prefill_ok => {
+                return Attempt::Refused(prefill_failed_after_head());
+            }
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         }
     }
@@ -283,8 +289,18 @@ async fn run(
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
+        prefill_watch: Some(prefill_watch),
     };
     relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
+}
+
+/// The refusal when a prefill failed after its 2xx head (before the decode produced anything).
+pub fn prefill_failed_after_head() -> Reply {
+    Reply::error(
+        ErrorCode::PdRequestFailed,
+        "Transport error: the prefill leg failed after its response head",
+    )
+    .retryable(true)
 }
 
 fn is_sse(body: &[u8]) -> bool {

@@ -64,8 +64,29 @@ pub struct PrefillJob {
 pub struct PrefillLeg {
     head: Option<oneshot::Receiver<Result<PrefillHead, LegError>>>,
     body: Option<oneshot::Receiver<Result<Bytes, LegError>>>,
+    end: Option<oneshot::Receiver<bool>>,
     /// Sending `()` detaches; dropping the sender cancels.
     control: Option<oneshot::Sender<()>>,
+}
+
+/// Watches a prefill leg for failure after its head: resolves only if the leg ends badly
+/// (transport error, stall, timeout). A prefill that completes never wakes it.
+pub struct PrefillWatch {
+    end: Option<oneshot::Receiver<bool>>,
+}
+
+impl PrefillWatch {
+    /// Cancel-safe: can be polled again after a `select!`.
+    pub async fn failed(&mut self) {
+        let Some(rx) = self.end.as_mut() else {
+            return std::future::pending().await;
+        };
+        let ok = rx.await.unwrap_or(false);
+        self.end = None;
+        if ok {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 impl PrefillLeg {
@@ -74,11 +95,16 @@ impl PrefillLeg {
         let (head_tx, head_rx) = oneshot::channel();
         let (body_tx, body_rx) = oneshot::channel();
         let (control_tx, control_rx) = oneshot::channel();
+        let (end_tx, end_rx) = oneshot::channel();
         let keep = job.keep_body;
-        tokio::spawn(run(job, head_tx, body_tx, control_rx));
+        tokio::spawn(async move {
+            let ok = run(job, head_tx, body_tx, control_rx).await;
+            let _ = end_tx.send(ok);
+        });
         PrefillLeg {
             head: Some(head_rx),
             body: keep.then_some(body_rx),
+            end: Some(end_rx),
             control: Some(control_tx),
         }
     }
@@ -105,6 +131,13 @@ impl PrefillLeg {
         r
     }
 
+    /// Takes the failure watch of the leg (once).
+    pub fn watch(&mut self) -> PrefillWatch {
+        PrefillWatch {
+            end: self.end.take(),
+        }
+    }
+
     /// Lets the leg drain to its end on its own; the handle no longer cancels it.
     pub fn detach(mut self) {
         if let Some(c) = self.control.take() {
@@ -120,12 +153,13 @@ fn task_gone() -> LegError {
     }
 }
 
+/// Runs the leg; true when it completed with a 2xx body.
 async fn run(
     job: PrefillJob,
     head_tx: oneshot::Sender<Result<PrefillHead, LegError>>,
     body_tx: oneshot::Sender<Result<Bytes, LegError>>,
     mut control: oneshot::Receiver<()>,
-) {
+) -> bool {
     let _in_flight = job.worker.track(job.keyed);
     let started = Instant::now();
     let headers = job.headers.as_slice();
@@ -142,7 +176,7 @@ async fn run(
         c = &mut control => {
             if c.is_err() {
                 (job.on_end)(PrefillEnd::Cancelled);
-                return;
+                return false;
             }
             detached = true;
             job.client.open(&job.worker.peer, &req, job.head_timeout).await
@@ -153,7 +187,7 @@ async fn run(
         Err(e) => {
             let _ = head_tx.send(Err(e.clone()));
             (job.on_end)(PrefillEnd::Failed(e));
-            return;
+            return false;
         }
     };
     leg.set_read_timeout(Some(job.stall_timeout));
@@ -173,7 +207,7 @@ async fn run(
             status,
             duration: started.elapsed(),
         });
-        return;
+        return false;
     }
     let _ = head_tx.send(Ok(PrefillHead {
         status,
@@ -187,7 +221,7 @@ async fn run(
             c = &mut control, if !detached => {
                 if c.is_err() {
                     (job.on_end)(PrefillEnd::Cancelled);
-                    return;
+                    return false;
                 }
                 detached = true;
             }
@@ -206,7 +240,7 @@ async fn run(
                 Err(e) => {
                     let _ = body_tx.send(Err(e.clone()));
                     (job.on_end)(PrefillEnd::Failed(e));
-                    return;
+                    return false;
                 }
             }
         }
@@ -223,4 +257,5 @@ async fn run(
         status,
         duration: started.elapsed(),
     });
+    true
 }

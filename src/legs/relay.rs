@@ -13,6 +13,7 @@ use pingora::proxy::Session;
 use super::client::{LegError, LegErrorKind, OpenLeg};
 use super::dispatch::Attempt;
 use super::parallel::PdLabels;
+use super::prefill::PrefillWatch;
 use crate::gateway::Gateway;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
@@ -51,6 +52,10 @@ pub enum RelayEnd {
     /// A non-streamed decode body failed before anything went to the client: answer this
     /// (the attempt may be retried).
     NotSent(Reply),
+    /// The prefill failed before the decode produced anything; the gateway dropped the decode
+    /// (which is not to blame). `Some`: the answer to send (nothing went out yet); `None`: a
+    /// stream that already ended with an error event.
+    PrefillFailed(Option<Reply>),
 }
 
 pub struct RelayPlan<'a> {
@@ -64,6 +69,9 @@ pub struct RelayPlan<'a> {
     pub stall_timeout: Duration,
     /// The request's total deadline (`request_timeout_secs`), streams included.
     pub deadline: Instant,
+    /// A parallel prefill still draining: if it fails before the decode produced output, the
+    /// decode cannot get its KV and the request ends with an error.
+    pub prefill_watch: Option<PrefillWatch>,
 }
 
 /// The head of a streamed answer, built from the decode's: its status and headers minus
@@ -99,12 +107,12 @@ pub async fn relay(
     session: &mut Session,
     ctx: &mut RequestCtx,
     mut leg: OpenLeg,
-    plan: RelayPlan<'_>,
+    mut plan: RelayPlan<'_>,
 ) -> (RelayEnd, Option<OpenLeg>) {
     leg.set_read_timeout(Some(plan.stall_timeout));
     let status = leg.status();
     if !plan.streaming {
-        return relay_whole(session, ctx, leg, &plan, status).await;
+        return relay_whole(session, ctx, leg, &mut plan, status).await;
     }
     let head = match stream_head(leg.head(), status, ctx, plan.decode_url) {
         Ok(h) => h,
@@ -131,6 +139,7 @@ pub async fn relay(
     let mut done = DoneDetector::new();
     let mut saw_done = false;
     let deadline = tokio::time::Instant::from_std(plan.deadline);
+    let mut watch = plan.prefill_watch.take();
     loop {
         let next = tokio::select! {
             c = leg.next_chunk() => c,
@@ -141,6 +150,16 @@ pub async fn relay(
                 kind: LegErrorKind::Timeout,
                 detail: "the request ran past request_timeout_secs".into(),
             }),
+            _ = prefill_failed(&mut watch) => {
+                let e = LegError {
+                    kind: LegErrorKind::Body,
+                    detail: "the prefill leg failed before the KV was handed over".into(),
+                };
+                return match end_stream_with_error(session, ctx, &e).await {
+                    RelayEnd::ClientGone => (RelayEnd::ClientGone, None),
+                    _ => (RelayEnd::PrefillFailed(None), None),
+                };
+            }
         };
         let chunk = match next {
             Ok(Some(c)) => c,
@@ -161,6 +180,8 @@ pub async fn relay(
         }
         if ctx.ttft.is_none() {
             ctx.ttft = Some(plan.dispatched.elapsed());
+            // Output means the KV arrived: the prefill's fate no longer matters.
+            watch = None;
         }
         if session.write_response_body(Some(out), false).await.is_err() {
             return (RelayEnd::ClientGone, None);
@@ -213,6 +234,14 @@ async fn end_stream_with_error(
     RelayEnd::StreamError(message)
 }
 
+/// Resolves when the watched prefill failed; never when there is nothing to watch.
+async fn prefill_failed(watch: &mut Option<PrefillWatch>) {
+    match watch {
+        Some(w) => w.failed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Splits SSE events out of a decode chunk and merges the prefill logprobs into each.
 fn merge_chunk(splitter: &mut SseSplitter, chunk: &[u8], lp: &PrefillLogprobs) -> Bytes {
     let mut events = Vec::new();
@@ -236,10 +265,11 @@ async fn relay_whole(
     session: &mut Session,
     ctx: &mut RequestCtx,
     mut leg: OpenLeg,
-    plan: &RelayPlan<'_>,
+    plan: &mut RelayPlan<'_>,
     status: u16,
 ) -> (RelayEnd, Option<OpenLeg>) {
     let deadline = tokio::time::Instant::from_std(plan.deadline);
+    let mut watch = plan.prefill_watch.take();
     let body = tokio::select! {
         b = leg.read_to_end(plan.body_limit) => b,
         _ = session.read_body_or_idle(true) => return (RelayEnd::ClientGone, None),
@@ -247,6 +277,9 @@ async fn relay_whole(
             kind: LegErrorKind::Timeout,
             detail: "the request ran past request_timeout_secs".into(),
         }),
+        _ = prefill_failed(&mut watch) => {
+            return (RelayEnd::PrefillFailed(Some(super::parallel::prefill_failed_after_head())), None);
+        }
     };
     let body = match body {
         Ok(b) => b,
@@ -325,7 +358,7 @@ pub async fn relay_decode(
         RelayEnd::Complete => pair.decode.record_leg(Some(status)),
         RelayEnd::StreamError(_) | RelayEnd::NotSent(_) => pair.decode.record_leg(None),
         // The gateway dropped the leg: it says nothing about the engine.
-        RelayEnd::ClientGone => {}
+        RelayEnd::ClientGone | RelayEnd::PrefillFailed(_) => {}
     }
     if let Some(ttft) = ctx.ttft {
         METRICS
@@ -340,6 +373,9 @@ pub async fn relay_decode(
         RelayEnd::Complete => Attempt::Answered,
         RelayEnd::ClientGone => Attempt::ClientGone,
         RelayEnd::StreamError(why) => Attempt::EndedWithError(why),
-        RelayEnd::NotSent(reply) => Attempt::Refused(reply),
+        RelayEnd::NotSent(reply) | RelayEnd::PrefillFailed(Some(reply)) => Attempt::Refused(reply),
+        RelayEnd::PrefillFailed(None) => {
+            Attempt::EndedWithError("the prefill leg failed before the KV was handed over".into())
+        }
     }
 }

@@ -339,6 +339,7 @@ pub(crate) async fn finish(
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
+        prefill_watch: None,
     };
     relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
 }

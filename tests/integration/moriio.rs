@@ -930,7 +930,11 @@ async fn a_concurrent_decode_transport_error_is_502_and_drops_the_prefill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_hang_up_during_a_concurrent_write_drops_both_legs() {
     let fleet = MoriFleet::start(Connector::MoriioWrite).await;
-    let gw = fleet.concurrent_gateway("").await;
+    // A client that leaves lets the prefill go on pushing (so the decode's WRITE allocation is
+    // released) for at most the prefill's deadline; then both legs are dropped.
+    let gw = fleet
+        .concurrent_gateway("  prefill_head_timeout_secs: 1\n")
+        .await;
     // The prefill never answers, so the decode waits for its push.
     fleet.prefill.inject(hang_once()).await;
     let client = send_raw(
