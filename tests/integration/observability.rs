@@ -565,7 +565,11 @@ const SPEC_SERIES_MISSING: &[(&str, &str, &[&str])] = &[
     // SMG exports this one as a summary ("Other histograms ... are exported as summaries"); the
     // Rust prometheus crate has no summary type, so pdgate exports a histogram: a
     // histogram_quantile() query replaces a quantile-label query. Documented in docs/.
-    ("smg_worker_retry_backoff_seconds", "histogram", &["attempt"]),
+    (
+        "smg_worker_retry_backoff_seconds",
+        "histogram",
+        &["attempt"],
+    ),
 ];
 
 /// Problems of `exposition` against `spec`: a family missing, of another type, or with other
