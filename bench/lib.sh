@@ -1,0 +1,81 @@
+# bench/lib.sh — sourced by run.sh and policy.sh: logging, the processes a script starts (all
+# stopped by pid on exit), readiness polling, the release build, and pdgate's generated config.
+# Expects ROOT, OUT and BIN to be set; LOG_TAG names the script in log lines.
+
+log() { printf '[%s %s] %s\n' "${LOG_TAG:-bench}" "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# Every process a script starts goes in PIDS; stop_all ends them by pid (never by name).
+PIDS=()
+stop_all() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
+}
+trap stop_all EXIT
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# wait_http URL [JSON_BODY]: poll (GET, or POST with the body) until 2xx, 30 s at most.
+wait_http() {
+  local url=$1 i
+  for i in $(seq 1 300); do
+    if [[ -n ${2:-} ]]; then
+      curl -sf -m 2 -o /dev/null -H 'content-type: application/json' -d "$2" "$url" && return 0
+    else
+      curl -sf -m 2 -o /dev/null "$url" && return 0
+    fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# build_binaries: release pdgate, mock-engine and pdgate-bench (with the policy micro-benchmark, so
+# run.sh and policy.sh share one build), unless SKIP_BUILD=1 or BIN_DIR points at prebuilt ones.
+build_binaries() {
+  if [[ ${SKIP_BUILD:-0} != 1 && -z ${BIN_DIR:-} ]]; then
+    log "building release binaries (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    (cd "$ROOT" && cargo build --release -p pdgate -p mock-engine -p pdgate-bench --bins \
+      --features pdgate-bench/policy)
+  fi
+  local b
+  for b in pdgate mock-engine pdgate-bench; do
+    [[ -x $BIN/$b ]] || die "$BIN/$b missing (build, or set BIN_DIR)"
+  done
+}
+
+# start_pdgate NAME PORT PREFILL_POLICY WORKERS_YAML: writes $OUT/logs/NAME.yaml (metrics on
+# PORT+1, round_robin decode leg) and runs pdgate on it until ready; sets GW_PID.
+start_pdgate() {
+  local name=$1 port=$2 prefill_policy=$3 workers=$4
+  port_free "$port" || die "port $port is busy (set PORT_BASE)"
+  cat >"$OUT/logs/$name.yaml" <<EOF
+version: 1
+threads: 2
+grace_period_seconds: 0
+graceful_shutdown_timeout_seconds: 1
+pid_file: $OUT/logs/$name.pid
+upgrade_sock: $OUT/logs/$name-upgrade.sock
+gateway:
+  pd_disaggregation: true
+  host: 127.0.0.1
+  port: $port
+  prometheus_host: 127.0.0.1
+  prometheus_port: $((port + 1))
+  policy: round_robin
+  prefill_policy: $prefill_policy
+  log_level: warn
+  workers:
+$workers
+EOF
+  "$BIN/pdgate" run -c "$OUT/logs/$name.yaml" >"$OUT/logs/$name.log" 2>&1 &
+  GW_PID=$!
+  PIDS+=("$GW_PID")
+  wait_http "http://127.0.0.1:$port/readiness" || die "pdgate $name not ready (see $OUT/logs/$name.log)"
+}
+
+# worker_yaml URL TYPE [BOOTSTRAP_PORT]: one `workers:` entry.
+worker_yaml() {
+  printf '    - {url: %s, worker_type: %s%s}\n' "$1" "$2" "${3:+, bootstrap_port: $3}"
+}

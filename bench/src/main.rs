@@ -1,0 +1,417 @@
+//! `pdgate-bench`: the load generator behind `bench/run.sh` and `bench/policy.sh`.
+//!
+//! * `sweep`  — closed-loop load over concurrency × prompt size × streaming, against several
+//!   targets in turn (direct to an engine, pdgate, a peer gateway), one JSON line per point and a
+//!   markdown table with pdgate's ratios to the others measured in the same run;
+//! * `hold`   — thousands of open streams at once: the gateway's RSS per open stream;
+//! * `prefix` — a shared-prefix multi-turn workload: the engines' prefix hit rate;
+//! * `policy` — the routing policies' micro-benchmark (`--features policy`).
+//!
+//! Loopback only, every run bounded in seconds. See bench/README.md.
+
+mod control;
+mod hold;
+mod http1;
+mod load;
+mod prefix;
+mod procstat;
+mod report;
+mod stats;
+mod workload;
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+
+use load::{parse_http_addr, LoadSpec, Target};
+
+#[derive(Parser)]
+#[command(
+    name = "pdgate-bench",
+    about = "Load generator for pdgate benchmarks (loopback)"
+)]
+struct Cli {
+    /// Worker threads of the load generator's runtime.
+    #[arg(long, default_value_t = 1, global = true)]
+    threads: usize,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Closed-loop load against each target in turn; JSON lines + a markdown table.
+    Sweep(SweepArgs),
+    /// Hold many streams open at once and report the gateway's memory.
+    Hold(HoldArgs),
+    /// Shared-prefix multi-turn workload; reports the engines' prefix hit rate.
+    Prefix(PrefixArgs),
+    /// Routing-policy micro-benchmark (needs `--features policy`).
+    Policy(PolicyArgs),
+    /// Re-render the markdown table of a JSON-lines result file.
+    Table(TableArgs),
+}
+
+#[derive(Args)]
+struct TableArgs {
+    /// `sweep`, `hold` or `prefix`.
+    kind: String,
+    /// The JSON-lines file written with `--json`.
+    file: PathBuf,
+    #[command(flatten)]
+    roles: RoleArgs,
+}
+
+/// Which sweep targets the ratios compare.
+#[derive(Args)]
+struct RoleArgs {
+    /// The gateway under test (its row carries the ratios).
+    #[arg(long, default_value = "pdgate")]
+    subject: String,
+    /// The direct-to-engine target (ratio denominator).
+    #[arg(long, default_value = "direct")]
+    baseline: String,
+    /// The peer gateway target, when there is one.
+    #[arg(long)]
+    peer: Option<String>,
+}
+
+impl RoleArgs {
+    fn roles(&self) -> report::Roles<'_> {
+        report::Roles {
+            subject: &self.subject,
+            baseline: Some(self.baseline.as_str()),
+            peer: self.peer.as_deref(),
+        }
+    }
+}
+
+#[derive(Args)]
+struct Output {
+    /// Append results to this file as JSON lines.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the markdown table here (default: stdout).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct SweepArgs {
+    /// `name=http://IP:PORT[,pid=N]`, in the order they run; `pid` is the gateway process whose
+    /// CPU and memory are charged to it.
+    #[arg(long = "target", required = true)]
+    targets: Vec<String>,
+    #[command(flatten)]
+    roles: RoleArgs,
+    /// Engine processes whose CPU per request is reported: `name=pid`.
+    #[arg(long = "watch")]
+    watch: Vec<String>,
+    /// Mock engine API URLs reset (`POST /mock/reset`) before every point, so their request
+    /// records do not pile up.
+    #[arg(long = "engine")]
+    engines: Vec<String>,
+    /// Label of this sweep (e.g. `canned`, `modeled`).
+    #[arg(long, default_value = "canned")]
+    mode: String,
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    concurrency: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1024,32768,262144")]
+    prompt_bytes: Vec<usize>,
+    /// `off`, `on` or both.
+    #[arg(long, value_delimiter = ',', default_value = "off,on")]
+    stream: Vec<String>,
+    #[arg(long, default_value = "/v1/chat/completions")]
+    path: String,
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+    /// Measured seconds per point.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Warm-up seconds per point (not measured).
+    #[arg(long, default_value_t = 0.5)]
+    warmup: f64,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+    #[command(flatten)]
+    out: Output,
+}
+
+#[derive(Args)]
+struct HoldArgs {
+    /// The gateway (or engine) URL.
+    #[arg(long)]
+    url: String,
+    /// The process whose memory is reported.
+    #[arg(long)]
+    pid: Option<u32>,
+    #[arg(long, default_value = "pdgate")]
+    label: String,
+    #[arg(long, default_value_t = 10_000)]
+    streams: usize,
+    /// Streams connecting at once while opening.
+    #[arg(long, default_value_t = 256)]
+    ramp: usize,
+    /// Seconds all streams stay open once they are.
+    #[arg(long, default_value_t = 5.0)]
+    hold: f64,
+    /// Give up opening after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    open_timeout: f64,
+    #[arg(long, default_value = "/v1/chat/completions")]
+    path: String,
+    /// Tokens per stream: with the engine's `--itl-ms`, how long a stream would last.
+    #[arg(long, default_value_t = 1000)]
+    max_tokens: u32,
+    #[arg(long, default_value_t = 1024)]
+    prompt_bytes: usize,
+    #[command(flatten)]
+    out: Output,
+}
+
+#[derive(Args)]
+struct PrefixArgs {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    label: String,
+    #[arg(long, default_value_t = 8)]
+    systems: usize,
+    #[arg(long, default_value_t = 64)]
+    conversations: usize,
+    #[arg(long, default_value_t = 4)]
+    turns: usize,
+    #[arg(long, default_value_t = 4096)]
+    system_bytes: usize,
+    #[arg(long, default_value_t = 1024)]
+    turn_bytes: usize,
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Prefill engine API URLs (their request counts show the policy's spread).
+    #[arg(long = "engine")]
+    engines: Vec<String>,
+    #[command(flatten)]
+    out: Output,
+}
+
+#[derive(Args)]
+struct PolicyArgs {
+    /// Minimum measured time per cell and mode, ms.
+    #[arg(long, default_value_t = 200)]
+    min_ms: u64,
+    #[arg(long, value_delimiter = ',', default_value = "8,128,1024")]
+    workers: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1024,32768,262144")]
+    prompt_bytes: Vec<usize>,
+    /// Write the markdown table here (default: stdout).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli.threads.max(1))
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = match cli.command {
+        Command::Sweep(a) => rt.block_on(sweep(a)),
+        Command::Hold(a) => rt.block_on(hold(a)),
+        Command::Prefix(a) => rt.block_on(prefix_run(a)),
+        Command::Policy(a) => policy(a),
+        Command::Table(a) => table(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pdgate-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn write_out(out: &Output, rows: &[Value], markdown: &str) -> Result<(), String> {
+    if let Some(path) = &out.json {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        for r in rows {
+            writeln!(f, "{r}").map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    match &out.markdown {
+        Some(path) => {
+            std::fs::write(path, markdown).map_err(|e| format!("{}: {e}", path.display()))
+        }
+        None => {
+            print!("{markdown}");
+            Ok(())
+        }
+    }
+}
+
+fn addrs(urls: &[String]) -> Result<Vec<SocketAddr>, String> {
+    urls.iter().map(|u| parse_http_addr(u)).collect()
+}
+
+fn name_pid(s: &str) -> Result<(String, u32), String> {
+    let (n, p) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: want name=pid"))?;
+    Ok((
+        n.to_string(),
+        p.parse().map_err(|_| format!("{s:?}: bad pid"))?,
+    ))
+}
+
+async fn sweep(a: SweepArgs) -> Result<(), String> {
+    let targets: Vec<Target> = a
+        .targets
+        .iter()
+        .map(|t| Target::parse(t))
+        .collect::<Result<_, _>>()?;
+    let watch: Vec<(String, u32)> = a
+        .watch
+        .iter()
+        .map(|w| name_pid(w))
+        .collect::<Result<_, _>>()?;
+    let engines = addrs(&a.engines)?;
+    let mut rows = Vec::new();
+    for stream in &a.stream {
+        let stream = match stream.as_str() {
+            "on" | "yes" | "true" => true,
+            "off" | "no" | "false" => false,
+            o => return Err(format!("--stream {o:?}: want on or off")),
+        };
+        for &bytes in &a.prompt_bytes {
+            let body = Arc::new(workload::chat_body(bytes, a.max_tokens, stream));
+            for &c in &a.concurrency {
+                for t in &targets {
+                    for e in &engines {
+                        control::post(*e, "/mock/reset").await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let spec = LoadSpec {
+                        path: a.path.clone(),
+                        body: Arc::clone(&body),
+                        stream,
+                        concurrency: c,
+                        warmup: Duration::from_secs_f64(a.warmup),
+                        duration: Duration::from_secs_f64(a.duration),
+                        timeout: Duration::from_secs_f64(a.timeout),
+                    };
+                    let mut r = load::run(t, &spec, &watch).await;
+                    r["mode"] = json!(a.mode);
+                    r["max_tokens"] = json!(a.max_tokens);
+                    eprintln!(
+                        "{} stream={} {}B c={} {:>8}: {} req/s, p50 {} ms, p99 {} ms, gw {} µs/req, engines {} µs/req, errors {} {}",
+                        a.mode,
+                        stream,
+                        bytes,
+                        c,
+                        t.name,
+                        r["rps"],
+                        r["p50_ms"],
+                        r["p99_ms"],
+                        r["gateway_cpu_us_per_req"],
+                        r["engines_cpu_us_per_req_total"],
+                        r["errors"],
+                        if r["errors"].as_u64().unwrap_or(0) > 0 { r["error_samples"].to_string() } else { String::new() },
+                    );
+                    rows.push(r);
+                }
+            }
+        }
+    }
+    let md = report::sweep_table(&rows, &a.roles.roles());
+    write_out(&a.out, &rows, &md)
+}
+
+async fn hold(a: HoldArgs) -> Result<(), String> {
+    let spec = hold::HoldSpec {
+        addr: parse_http_addr(&a.url)?,
+        path: a.path,
+        body: workload::chat_body(a.prompt_bytes, a.max_tokens, true),
+        streams: a.streams,
+        ramp: a.ramp,
+        open_timeout: Duration::from_secs_f64(a.open_timeout),
+        hold: Duration::from_secs_f64(a.hold),
+        pid: a.pid,
+        label: a.label,
+    };
+    let r = hold::run(spec).await;
+    eprintln!("hold: {r}");
+    let md = hold::table(std::slice::from_ref(&r));
+    write_out(&a.out, &[r], &md)
+}
+
+async fn prefix_run(a: PrefixArgs) -> Result<(), String> {
+    let spec = prefix::PrefixSpec {
+        addr: parse_http_addr(&a.url)?,
+        label: a.label,
+        systems: a.systems.max(1),
+        conversations: a.conversations,
+        turns: a.turns,
+        system_bytes: a.system_bytes,
+        turn_bytes: a.turn_bytes,
+        concurrency: a.concurrency,
+        engines: addrs(&a.engines)?,
+    };
+    let r = prefix::run(spec).await;
+    eprintln!("prefix: {r}");
+    let md = prefix::table(std::slice::from_ref(&r));
+    write_out(&a.out, &[r], &md)
+}
+
+fn table(a: TableArgs) -> Result<(), String> {
+    let text =
+        std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file.display()))?;
+    let rows: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", a.file.display()))?;
+    let md = match a.kind.as_str() {
+        "sweep" => report::sweep_table(&rows, &a.roles.roles()),
+        "hold" => hold::table(&rows),
+        "prefix" => prefix::table(&rows),
+        o => return Err(format!("unknown table kind {o:?} (sweep | hold | prefix)")),
+    };
+    print!("{md}");
+    Ok(())
+}
+
+#[cfg(feature = "policy")]
+fn policy(a: PolicyArgs) -> Result<(), String> {
+    let config = pdgate::policy::BenchConfig {
+        workers: a.workers,
+        prompt_bytes: a.prompt_bytes,
+        min_time: Duration::from_millis(a.min_ms),
+        ..Default::default()
+    };
+    let table = pdgate::policy::bench_report(&config);
+    match a.markdown {
+        Some(p) => std::fs::write(&p, table).map_err(|e| format!("{}: {e}", p.display())),
+        None => {
+            print!("{table}");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(not(feature = "policy"))]
+fn policy(_: PolicyArgs) -> Result<(), String> {
+    Err("built without the policy benchmark: cargo run --release -p pdgate-bench --features policy -- policy".into())
+}

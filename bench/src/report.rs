@@ -1,0 +1,159 @@
+//! The markdown tables of a sweep, with the subject gateway's ratios to the direct baseline and
+//! to the peer gateway measured in the same run.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+/// Which targets play which part in the ratios.
+pub struct Roles<'a> {
+    /// The gateway under test (`pdgate`).
+    pub subject: &'a str,
+    /// Direct to the engine: the physical limit.
+    pub baseline: Option<&'a str>,
+    /// Another gateway on the same engines.
+    pub peer: Option<&'a str>,
+}
+
+/// A JSON field as a table cell (`–` when absent or null).
+pub fn cell(row: &Value, key: &str) -> String {
+    match row.get(key) {
+        Some(Value::Null) | None => "–".to_string(),
+        Some(v) => v.to_string(),
+    }
+}
+
+fn num(v: &Value, key: &str) -> Option<f64> {
+    v.get(key).and_then(Value::as_f64)
+}
+
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "–".to_string(), |x| format!("{x:.digits$}"))
+}
+
+fn size(bytes: f64) -> String {
+    let kb = bytes / 1024.0;
+    if kb >= 1.0 {
+        format!("{kb:.0} KB")
+    } else {
+        format!("{bytes:.0} B")
+    }
+}
+
+fn same_point(a: &Value, b: &Value) -> bool {
+    ["mode", "stream", "concurrency"]
+        .iter()
+        .all(|k| a.get(*k) == b.get(*k))
+        // The body size varies by a few bytes with the `stream` field: compare in KB.
+        && (num(a, "prompt_bytes").unwrap_or(0.0) / 1024.0).round()
+            == (num(b, "prompt_bytes").unwrap_or(0.0) / 1024.0).round()
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// One row per (point, target); the subject's row carries the ratios.
+pub fn sweep_table(results: &[Value], roles: &Roles) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| mode | stream | prompt | c | target | req/s | p50 ms | p99 ms | TTFT p50 ms | chunk gap p50 / p99 ms | gw CPU µs/req | engines CPU µs/req | gw peak RSS MB | errors | ×direct req/s | p50 − direct ms | ×peer req/s | ×peer CPU/req |\n",
+    );
+    out.push_str("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for r in results {
+        let stream = r.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let target = r.get("target").and_then(Value::as_str).unwrap_or("?");
+        let find = |name: Option<&str>| {
+            name.and_then(|n| {
+                results.iter().find(|o| {
+                    o.get("target").and_then(Value::as_str) == Some(n) && same_point(o, r)
+                })
+            })
+        };
+        let (mut x_direct, mut d_p50, mut x_peer, mut x_peer_cpu) = (None, None, None, None);
+        if target == roles.subject {
+            if let Some(b) = find(roles.baseline) {
+                x_direct = ratio(num(r, "rps"), num(b, "rps"));
+                d_p50 = num(r, "p50_ms").zip(num(b, "p50_ms")).map(|(a, b)| a - b);
+            }
+            if let Some(p) = find(roles.peer) {
+                x_peer = ratio(num(r, "rps"), num(p, "rps"));
+                x_peer_cpu = ratio(
+                    num(r, "gateway_cpu_us_per_req"),
+                    num(p, "gateway_cpu_us_per_req"),
+                );
+            }
+        }
+        let gap = if stream {
+            format!(
+                "{} / {}",
+                fmt(num(r, "gap_p50_ms"), 3),
+                fmt(num(r, "gap_p99_ms"), 3)
+            )
+        } else {
+            "–".into()
+        };
+        let ttft = if stream {
+            fmt(num(r, "ttft_p50_ms"), 3)
+        } else {
+            "–".into()
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.get("mode").and_then(Value::as_str).unwrap_or(""),
+            if stream { "yes" } else { "no" },
+            size(num(r, "prompt_bytes").unwrap_or(0.0)),
+            r.get("concurrency").and_then(Value::as_u64).unwrap_or(0),
+            if target == roles.subject { format!("**{target}**") } else { target.to_string() },
+            fmt(num(r, "rps"), 0),
+            fmt(num(r, "p50_ms"), 3),
+            fmt(num(r, "p99_ms"), 3),
+            ttft,
+            gap,
+            fmt(num(r, "gateway_cpu_us_per_req"), 0),
+            fmt(num(r, "engines_cpu_us_per_req_total"), 0),
+            fmt(num(r, "gateway_peak_rss_mb"), 1),
+            r.get("errors").and_then(Value::as_u64).unwrap_or(0),
+            fmt(x_direct, 2),
+            fmt(d_p50, 3),
+            fmt(x_peer, 2),
+            fmt(x_peer_cpu, 2),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn subject_row_carries_ratios_to_direct_and_peer() {
+        let point = |t: &str, rps: f64, p50: f64, cpu: Option<f64>| {
+            json!({"mode":"canned","stream":false,"prompt_bytes":1030,"concurrency":64,"target":t,
+                   "rps":rps,"p50_ms":p50,"gateway_cpu_us_per_req":cpu,"errors":0})
+        };
+        let rows = vec![
+            point("direct", 20000.0, 3.0, None),
+            point("pdgate", 10000.0, 6.0, Some(50.0)),
+            point("smg", 5000.0, 12.0, Some(200.0)),
+        ];
+        let t = sweep_table(
+            &rows,
+            &Roles {
+                subject: "pdgate",
+                baseline: Some("direct"),
+                peer: Some("smg"),
+            },
+        );
+        let line = t.lines().find(|l| l.contains("**pdgate**")).unwrap();
+        assert!(line.ends_with("| 0.50 | 3.000 | 2.00 | 0.25 |"), "{line}");
+        let direct = t.lines().find(|l| l.contains("| direct |")).unwrap();
+        assert!(direct.ends_with("| – | – | – | – |"), "{direct}");
+    }
+}
