@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use pingora::listeners::{L4BufferSettings, ListenerConfig, DEFAULT_L4_WRITE_BUFFER_SIZE};
 use pingora::server::configuration::Opt;
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -68,7 +69,7 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     };
     let mut proxy =
         pingora::proxy::http_proxy_service_with_name(&server.configuration, data, "pdgate");
-    proxy.add_tcp(&listen);
+    proxy.add_listener(client_listener(&listen));
     server.add_service(proxy);
     if let Some(addr) = admin_addr {
         let admin = PdGateway {
@@ -80,7 +81,7 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
             admin,
             "pdgate admin",
         );
-        service.add_tcp(&addr);
+        service.add_listener(client_listener(&addr));
         server.add_service(service);
     }
 
@@ -98,4 +99,12 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     ));
     server.add_service(background_service("config reload", ReloadOnHangup { gw }));
     Ok(server)
+}
+
+/// A client-facing listener without Pingora's 64 KiB per-connection read buffer. Plain HTTP/1.1
+/// with one request at a time gains nothing from it — request heads are read into their own
+/// buffer, bodies into the body reader's — and it was the largest part of an open stream's
+/// memory (bench/README.md, "Memory per open stream"). Writes keep Pingora's MSS-sized buffer.
+fn client_listener(addr: &str) -> ListenerConfig {
+    ListenerConfig::tcp(addr).l4_buffer(L4BufferSettings::new(0, DEFAULT_L4_WRITE_BUFFER_SIZE))
 }

@@ -12,6 +12,7 @@ pub mod body;
 pub mod classify;
 pub mod errors;
 pub mod fields;
+pub mod framing;
 pub mod handoff;
 pub mod json;
 pub mod logprobs;

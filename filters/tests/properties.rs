@@ -4,6 +4,7 @@
 
 use pdgate_filters::body::{rewrite, scan_object, BodyError};
 use pdgate_filters::classify::classify;
+use pdgate_filters::framing::{BodyDecoder, Framing};
 use pdgate_filters::handoff::moriio;
 use pdgate_filters::handoff::sglang::{self, BootstrapTarget, DpRanks, Leg, Rooms};
 use pdgate_filters::handoff::vllm;
@@ -393,5 +394,42 @@ proptest! {
         want.extend(dec);
         prop_assert_eq!(&v["meta_info"]["input_token_logprobs"], &Value::Array(want));
         prop_assert_eq!(&v["x"], &serde_json::from_str::<Value>(&other).unwrap());
+    }
+
+    #[test]
+    fn chunked_framing_round_trips_under_any_split(
+        payloads in prop::collection::vec(prop::collection::vec(any::<u8>(), 1..40), 0..8),
+        ext in any::<bool>(),
+        cuts in prop::collection::vec(1usize..24, 1..8),
+        tail in prop::collection::vec(any::<u8>(), 0..8),
+    ) {
+        let mut wire = Vec::new();
+        for p in &payloads {
+            wire.extend_from_slice(format!("{:x}", p.len()).as_bytes());
+            if ext {
+                wire.extend_from_slice(b";x=\"y\"");
+            }
+            wire.extend_from_slice(b"\r\n");
+            wire.extend_from_slice(p);
+            wire.extend_from_slice(b"\r\n");
+        }
+        wire.extend_from_slice(b"0\r\nTrailer: t\r\n\r\n");
+        let body_len = wire.len();
+        wire.extend_from_slice(&tail);
+        let mut d = BodyDecoder::new(Framing::Chunked);
+        let mut buf = bytes::BytesMut::new();
+        let mut out = Vec::new();
+        let (mut at, mut i) = (0, 0);
+        while at < wire.len() && !d.is_done() {
+            let end = (at + cuts[i % cuts.len()]).min(wire.len());
+            buf.extend_from_slice(&wire[at..end]);
+            out.extend_from_slice(&d.decode(&mut buf).unwrap());
+            at = end;
+            i += 1;
+        }
+        prop_assert!(d.is_done());
+        prop_assert_eq!(out, payloads.concat());
+        // What is left is exactly what followed the body.
+        prop_assert_eq!(&buf[..], &wire[body_len..at]);
     }
 }

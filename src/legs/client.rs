@@ -1,21 +1,45 @@
-//! The sub-request module's transport: one pooled HTTP/1.1 client over Pingora's `Connector`,
-//! used for both legs of a PD request, health probes and single-leg admin calls.
+//! The sub-request module's transport: a lean HTTP/1.1 client over Pingora's connection pool
+//! (`TransportConnector`), used for both legs of a PD request, health probes and single-leg
+//! admin calls.
 //!
-//! Why Pingora's connector and not a second HTTP stack: the same peer/timeout model and keepalive
-//! pool as the proxy, and no extra dependency (research/pingora-design.md §2). A leg is opened by
-//! writing the whole request and reading the response head; its body is then pulled chunk by
-//! chunk. Dropping an [`OpenLeg`] closes its connection — that is how a leg is "dropped", and the
-//! engine sees the hang-up and aborts its side of the rendezvous.
+//! Why Pingora's pool and not a second HTTP stack: the same peer/timeout model and keepalive
+//! pool as the proxy, and no extra dependency (research/pingora-design.md §2). Why not Pingora's
+//! v1 `HttpSession` on top of it (what this module used first; docs/architecture.md, "Leg
+//! transport"): it sends a request head and its body in two writes, and reads every response
+//! body through a 64 KiB buffer — per held stream that buffer was most of the gateway's memory,
+//! and the two writes a fifth of its CPU. Here a leg's head and body leave in one write, the
+//! response is read through a buffer sized to what arrives, and a read that brings several
+//! chunks of a streamed body hands them on as one piece ([`pdgate_filters::framing`]).
+//!
+//! A leg is opened by writing the whole request and reading the response head; its body is
+//! then pulled piece by piece. Dropping an [`OpenLeg`] closes its connection — that is how a leg
+//! is "dropped", and the engine sees the hang-up and aborts its side of the rendezvous.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::{HeaderName, HeaderValue};
-use pingora::connectors::http::v1::Connector;
-use pingora::connectors::ConnectorOptions;
-use pingora::http::{RequestHeader, ResponseHeader};
-use pingora::protocols::http::v1::client::HttpSession;
-use pingora::upstreams::peer::HttpPeer;
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderName, HeaderValue, Version};
+use pdgate_filters::framing::{BodyDecoder, Framing};
+use pingora::connectors::{ConnectorOptions, TransportConnector};
+use pingora::http::ResponseHeader;
+use pingora::protocols::Stream;
+use pingora::upstreams::peer::{HttpPeer, Peer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// First read of a response (the head and, usually, a stream's first events), and the first
+/// read size of a body: an open stream holds this much, so it is small. A read that fills it
+/// doubles the next one, up to [`READ_MAX`], so a large body is not read in small bites.
+const READ_START: usize = 2 * 1024;
+/// Largest single read.
+const READ_MAX: usize = 64 * 1024;
+/// Largest response head accepted.
+const MAX_HEAD: usize = 64 * 1024;
+/// Most response header lines accepted.
+const MAX_HEADERS: usize = 128;
+/// A request body up to this size is copied behind its head so both leave in one write; a
+/// larger one is written after the head (the extra write is small next to the copy).
+const COALESCE_BODY: usize = 64 * 1024;
 
 /// What went wrong on a leg, before or after its response head.
 #[derive(Debug, Clone)]
@@ -86,7 +110,7 @@ pub struct LegRequest<'a> {
 /// The pooled client. One per service runtime: pooled sockets belong to the reactor that made
 /// them (Pingora's own warning), so the proxy, health and admin services each build their own.
 pub struct LegClient {
-    connector: Connector,
+    transport: TransportConnector,
     pool_idle: Option<Duration>,
 }
 
@@ -96,12 +120,12 @@ impl LegClient {
     pub fn new(pool_size: usize, pool_idle: Option<Duration>) -> Self {
         let opts = ConnectorOptions::new(pool_size);
         LegClient {
-            connector: Connector::new(Some(opts)),
+            transport: TransportConnector::new(Some(opts)),
             pool_idle,
         }
     }
 
-    /// Sends the request and reads the response head within `head_timeout`.
+    /// Sends the request and reads the response head, both within `head_timeout`.
     ///
     /// A pooled connection that fails before any response arrives (typically closed by the
     /// engine while idle) is retried once on a fresh connection; nothing else is retried here.
@@ -111,12 +135,12 @@ impl LegClient {
         req: &LegRequest<'_>,
         head_timeout: Duration,
     ) -> Result<OpenLeg, LegError> {
-        let header = build_request_header(req)?;
-        let (session, reused) = self.connect(peer).await?;
-        match send_and_read_head(session, header.clone(), &req.body, head_timeout).await {
+        let wire = RequestWire::encode(req)?;
+        let (stream, reused) = self.connect(peer).await?;
+        match exchange(stream, &wire, head_timeout).await {
             Err((e, true)) if reused && e.before_response() => {
-                let (session, _) = self.connect(peer).await?;
-                send_and_read_head(session, header, &req.body, head_timeout)
+                let (stream, _) = self.connect(peer).await?;
+                exchange(stream, &wire, head_timeout)
                     .await
                     .map_err(|(e, _)| e)
             }
@@ -124,79 +148,279 @@ impl LegClient {
         }
     }
 
-    async fn connect(&self, peer: &HttpPeer) -> Result<(HttpSession, bool), LegError> {
-        self.connector
-            .get_http_session(peer)
+    async fn connect(&self, peer: &HttpPeer) -> Result<(Stream, bool), LegError> {
+        self.transport
+            .get_stream(peer)
             .await
             .map_err(|e| LegError::new(LegErrorKind::Connect, e))
     }
 
-    /// Returns a finished leg's connection to the pool (only if its body was read to the end
-    /// and the engine allows keep-alive; otherwise it is closed).
+    /// Returns a finished leg's connection to the pool (only if its body was read to the end,
+    /// nothing followed it, and the engine allows keep-alive; otherwise it is closed).
     pub async fn release(&self, leg: OpenLeg, peer: &HttpPeer) {
-        self.connector
-            .release_http_session(leg.session, peer, self.pool_idle)
-            .await;
-    }
-}
-
-fn build_request_header(req: &LegRequest<'_>) -> Result<Box<RequestHeader>, LegError> {
-    let bad = |e: pingora::Error| LegError::new(LegErrorKind::Send, e);
-    let mut h = RequestHeader::build(req.method, req.path.as_bytes(), Some(req.headers.len() + 3))
-        .map_err(|e| bad(*e))?;
-    h.insert_header("host", req.host).map_err(|e| bad(*e))?;
-    if !req.body.is_empty() || req.method == "POST" {
-        h.insert_header("content-type", "application/json")
-            .map_err(|e| bad(*e))?;
-        h.insert_header("content-length", req.body.len())
-            .map_err(|e| bad(*e))?;
-    }
-    for (name, value) in req.headers {
-        h.append_header(name.clone(), value.clone())
-            .map_err(|e| bad(*e))?;
-    }
-    Ok(Box::new(h))
-}
-
-/// Err carries whether the failure happened before any response byte (retryable on a fresh
-/// connection when the socket came from the pool).
-async fn send_and_read_head(
-    mut session: HttpSession,
-    header: Box<RequestHeader>,
-    body: &Bytes,
-    head_timeout: Duration,
-) -> Result<OpenLeg, (LegError, bool)> {
-    if let Err(e) = session.write_request_header(header).await {
-        return Err((LegError::new(LegErrorKind::Send, e), true));
-    }
-    if !body.is_empty() {
-        if let Err(e) = session.write_body(body).await {
-            return Err((LegError::new(LegErrorKind::Send, e), true));
+        if leg.reusable() {
+            self.transport
+                .release_stream(leg.stream, peer.reuse_hash(), self.pool_idle);
         }
     }
-    if let Err(e) = session.finish_body().await {
-        return Err((LegError::new(LegErrorKind::Send, e), true));
+}
+
+/// A request serialized for the wire: the head, with the body behind it when it is small.
+struct RequestWire {
+    first: Bytes,
+    rest: Option<Bytes>,
+}
+
+impl RequestWire {
+    fn encode(req: &LegRequest<'_>) -> Result<RequestWire, LegError> {
+        // The path and host come from configuration and the route table, never from a client,
+        // but a control byte or space in either would split the request line: refuse it.
+        let token_ok = |s: &str| !s.is_empty() && s.bytes().all(|b| (0x21..0x7f).contains(&b));
+        if !token_ok(req.path) || !token_ok(req.host) || !token_ok(req.method) {
+            return Err(LegError::new(
+                LegErrorKind::Send,
+                "request line or host contains a forbidden byte",
+            ));
+        }
+        let headers_len: usize = req
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 4)
+            .sum();
+        let with_body = !req.body.is_empty() || req.method == "POST";
+        let coalesce = req.body.len() <= COALESCE_BODY;
+        let body_len = if coalesce { req.body.len() } else { 0 };
+        let mut w = BytesMut::with_capacity(
+            req.method.len() + req.path.len() + req.host.len() + headers_len + 96 + body_len,
+        );
+        w.extend_from_slice(req.method.as_bytes());
+        w.extend_from_slice(b" ");
+        w.extend_from_slice(req.path.as_bytes());
+        w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+        w.extend_from_slice(req.host.as_bytes());
+        if with_body {
+            w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+            let _ = write!(w, "{}", req.body.len());
+        }
+        w.extend_from_slice(b"\r\n");
+        for (name, value) in req.headers {
+            w.extend_from_slice(name.as_str().as_bytes());
+            w.extend_from_slice(b": ");
+            w.extend_from_slice(value.as_bytes());
+            w.extend_from_slice(b"\r\n");
+        }
+        w.extend_from_slice(b"\r\n");
+        let rest = if coalesce {
+            w.extend_from_slice(&req.body);
+            None
+        } else {
+            Some(req.body.clone())
+        };
+        Ok(RequestWire {
+            first: w.freeze(),
+            rest,
+        })
     }
-    match tokio::time::timeout(head_timeout, session.read_response()).await {
+}
+
+/// Writes the request and reads the response head within `limit`. Err carries whether the
+/// failure happened before any response byte (retryable on a fresh connection when the socket
+/// came from the pool).
+async fn exchange(
+    mut stream: Stream,
+    wire: &RequestWire,
+    limit: Duration,
+) -> Result<OpenLeg, (LegError, bool)> {
+    let work = async {
+        let send = |e: std::io::Error| (LegError::new(LegErrorKind::Send, e), true);
+        stream.write_all(&wire.first).await.map_err(send)?;
+        if let Some(rest) = &wire.rest {
+            stream.write_all(rest).await.map_err(send)?;
+        }
+        stream.flush().await.map_err(send)?;
+        read_head(&mut stream).await
+    };
+    match tokio::time::timeout(limit, work).await {
         Err(_) => Err((
             LegError::new(
                 LegErrorKind::Timeout,
-                format!("no response head within {head_timeout:?}"),
+                format!("no response head within {limit:?}"),
             ),
             false,
         )),
-        Ok(Err(e)) => Err((LegError::new(LegErrorKind::Head, e), true)),
-        Ok(Ok(_)) => {
-            let status = session.get_status().map(|s| s.as_u16()).unwrap_or(0);
-            Ok(OpenLeg { session, status })
+        Ok(Err(e)) => Err(e),
+        Ok(Ok((head, buf, framing, keepalive))) => Ok(OpenLeg {
+            stream,
+            status: head.status.as_u16(),
+            head,
+            buf,
+            read_size: READ_START,
+            decoder: BodyDecoder::new(framing),
+            framing,
+            keepalive,
+            read_timeout: None,
+        }),
+    }
+}
+
+type Head = (ResponseHeader, BytesMut, Framing, bool);
+
+/// Reads until a complete final response head (1xx interim heads are skipped). The returned
+/// buffer holds whatever of the body came with it.
+async fn read_head(stream: &mut Stream) -> Result<Head, (LegError, bool)> {
+    let head_err = |detail: String, retry: bool| (LegError::new(LegErrorKind::Head, detail), retry);
+    let mut buf = BytesMut::with_capacity(READ_START);
+    let mut got_any = false;
+    loop {
+        if buf.capacity() == buf.len() {
+            buf.reserve(READ_START);
+        }
+        let n = stream
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| head_err(e.to_string(), !got_any))?;
+        if n == 0 {
+            return Err(head_err(
+                "the engine closed the connection before a response head".into(),
+                !got_any,
+            ));
+        }
+        got_any = true;
+        loop {
+            match parse_head(&buf)? {
+                None if buf.len() >= MAX_HEAD => {
+                    return Err(head_err(
+                        format!("response head larger than {MAX_HEAD} bytes"),
+                        false,
+                    ))
+                }
+                None => break,
+                Some((len, None)) => {
+                    // An interim 1xx head: drop it and look at what follows.
+                    buf.advance(len);
+                    if buf.is_empty() {
+                        break;
+                    }
+                }
+                Some((len, Some((head, framing, keepalive)))) => {
+                    buf.advance(len);
+                    return Ok((head, buf, framing, keepalive));
+                }
+            }
         }
     }
+}
+
+type Parsed = Option<(usize, Option<(ResponseHeader, Framing, bool)>)>;
+
+/// Parses a response head at the start of `buf`: `None` while incomplete; `Some((len, None))`
+/// for an interim 1xx head; otherwise the head, its body framing (RFC 9112 §6.3) and whether
+/// the connection may be kept alive.
+fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
+    let bad = |detail: String| (LegError::new(LegErrorKind::Head, detail), false);
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(bad(format!("malformed response head: {e}"))),
+    };
+    let status = resp.code.unwrap_or(0);
+    if (100..200).contains(&status) && status != 101 {
+        return Ok(Some((len, None)));
+    }
+    let version = if resp.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    // No case-preserving name map: the client never sees these names as sent.
+    let mut head = ResponseHeader::build_no_case(status, Some(resp.headers.len()))
+        .map_err(|e| bad(format!("bad status {status}: {e}")))?;
+    head.set_version(version);
+    let mut chunked = false;
+    let mut other_coding = false;
+    let mut length: Option<u64> = None;
+    let mut conn_close = version == Version::HTTP_10;
+    for h in resp.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| bad(format!("bad header name {:?}", h.name)))?;
+        let value = HeaderValue::from_bytes(h.value)
+            .map_err(|_| bad(format!("bad value for header {:?}", h.name)))?;
+        if name == http::header::TRANSFER_ENCODING {
+            // The last coding decides (RFC 9112 §6.3): chunked, or read until close.
+            for coding in tokens(h.value) {
+                chunked = coding.eq_ignore_ascii_case(b"chunked");
+                other_coding |= !chunked;
+            }
+        } else if name == http::header::CONTENT_LENGTH {
+            for v in tokens(h.value) {
+                let n = std::str::from_utf8(v)
+                    .ok()
+                    .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| bad("bad content-length".into()))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(bad("conflicting content-length values".into()));
+                }
+                length = Some(n);
+            }
+        } else if name == http::header::CONNECTION {
+            for t in tokens(h.value) {
+                if t.eq_ignore_ascii_case(b"close") {
+                    conn_close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
+                    conn_close = false;
+                }
+            }
+        }
+        head.append_header(name, value)
+            .map_err(|e| bad(format!("header: {e}")))?;
+    }
+    let has_te = chunked || other_coding;
+    let framing = if status == 204 || status == 304 {
+        Framing::Length(0)
+    } else if has_te {
+        if chunked {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        }
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        Framing::UntilClose
+    };
+    // Both framings at once smells of smuggling: serve it, but never pool that connection.
+    let keepalive = !conn_close
+        && framing != Framing::UntilClose
+        && !(has_te && length.is_some())
+        && status != 101;
+    Ok(Some((len, Some((head, framing, keepalive)))))
+}
+
+/// Comma-separated, whitespace-trimmed, non-empty tokens of a header value.
+fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+    v.split(|&b| b == b',').filter_map(|t| {
+        let start = t.iter().position(|b| !b.is_ascii_whitespace())?;
+        let end = t.iter().rposition(|b| !b.is_ascii_whitespace())?;
+        Some(&t[start..=end])
+    })
 }
 
 /// A leg whose response head has arrived. Dropping it closes the connection.
 pub struct OpenLeg {
-    session: HttpSession,
+    stream: Stream,
     status: u16,
+    head: ResponseHeader,
+    /// Body bytes read but not yet decoded.
+    buf: BytesMut,
+    /// How much the next read asks for (see [`READ_START`]).
+    read_size: usize,
+    decoder: BodyDecoder,
+    framing: Framing,
+    keepalive: bool,
+    read_timeout: Option<Duration>,
 }
 
 impl OpenLeg {
@@ -210,60 +434,237 @@ impl OpenLeg {
 
     /// The response head (present once opened).
     pub fn head(&self) -> Option<&ResponseHeader> {
-        self.session.resp_header()
+        Some(&self.head)
     }
 
     pub fn header_str(&self, name: &str) -> Option<&str> {
-        self.session.get_header(name).and_then(|v| v.to_str().ok())
+        self.head.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
     /// Sets the longest wait for any single read of the body (the stall deadline).
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
-        self.session.read_timeout = timeout;
+        self.read_timeout = timeout;
     }
 
-    /// The next body chunk as it arrives; `None` at the end of the body.
+    /// Every body byte that has arrived and not been handed out yet, as one piece (waiting for
+    /// the next read when there is none); `None` at the end of the body. Cancel-safe: a read
+    /// that is dropped loses nothing.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, LegError> {
-        self.session.read_body_bytes().await.map_err(|e| {
-            let kind = if matches!(e.etype(), pingora::ErrorType::ReadTimedout) {
-                LegErrorKind::Timeout
-            } else {
-                LegErrorKind::Body
-            };
-            LegError::new(kind, e)
-        })
+        loop {
+            if self.decoder.is_done() {
+                return Ok(None);
+            }
+            let out = self
+                .decoder
+                .decode(&mut self.buf)
+                .map_err(|e| LegError::new(LegErrorKind::Body, e))?;
+            if !out.is_empty() {
+                return Ok(Some(out));
+            }
+            if self.decoder.is_done() {
+                return Ok(None);
+            }
+            let want = self.decoder.expected().map_or(self.read_size, |n| {
+                n.clamp(self.read_size as u64, READ_MAX as u64) as usize
+            });
+            if self.buf.capacity() - self.buf.len() < want / 2 {
+                self.buf.reserve(want);
+            }
+            let room = self.buf.capacity() - self.buf.len();
+            let n = self.fill().await?;
+            if n == room {
+                self.read_size = (self.read_size * 2).min(READ_MAX);
+            }
+            if n == 0 {
+                self.decoder
+                    .finish()
+                    .map_err(|e| LegError::new(LegErrorKind::Body, e))?;
+            }
+        }
     }
 
-    /// Reads the rest of the body, refusing more than `limit` bytes.
+    /// One read into the buffer's spare room, within the stall deadline.
+    async fn fill(&mut self) -> Result<usize, LegError> {
+        let read = self.stream.read_buf(&mut self.buf);
+        let n = match self.read_timeout {
+            Some(t) => tokio::time::timeout(t, read).await.map_err(|_| {
+                LegError::new(LegErrorKind::Timeout, format!("no body bytes for {t:?}"))
+            })?,
+            None => read.await,
+        };
+        n.map_err(|e| LegError::new(LegErrorKind::Body, e))
+    }
+
+    /// Reads the rest of the body, refusing more than `limit` bytes. A body of known length is
+    /// read into one buffer of that size and handed out without a copy.
     pub async fn read_to_end(&mut self, limit: usize) -> Result<Bytes, LegError> {
+        let too_large =
+            || LegError::new(LegErrorKind::TooLarge, format!("more than {limit} bytes"));
+        if let (Framing::Length(_), Some(left)) = (self.framing, self.decoder.expected()) {
+            let left = usize::try_from(left).map_err(|_| too_large())?;
+            if left > limit {
+                return Err(too_large());
+            }
+            if self.buf.len() < left {
+                self.buf.reserve(left - self.buf.len());
+                while self.buf.len() < left {
+                    if self.fill().await? == 0 {
+                        return Err(LegError::new(
+                            LegErrorKind::Body,
+                            "connection closed before the end of the body",
+                        ));
+                    }
+                }
+            }
+        }
         let mut first: Option<Bytes> = None;
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = self.next_chunk().await? {
-            let total = first.as_ref().map_or(0, |f| f.len()) + buf.len() + chunk.len();
+        let mut joined = BytesMut::new();
+        while let Some(piece) = self.next_chunk().await? {
+            let total = first.as_ref().map_or(0, |f| f.len()) + joined.len() + piece.len();
             if total > limit {
-                return Err(LegError::new(
-                    LegErrorKind::TooLarge,
-                    format!("more than {limit} bytes"),
-                ));
+                return Err(too_large());
             }
             match first.take() {
-                None if buf.is_empty() => first = Some(chunk),
-                None => buf.extend_from_slice(&chunk),
+                None if joined.is_empty() => first = Some(piece),
+                None => joined.extend_from_slice(&piece),
                 Some(f) => {
-                    buf.reserve(f.len() + chunk.len());
-                    buf.extend_from_slice(&f);
-                    buf.extend_from_slice(&chunk);
+                    joined.reserve(f.len() + piece.len());
+                    joined.extend_from_slice(&f);
+                    joined.extend_from_slice(&piece);
                 }
             }
         }
         Ok(match first {
             Some(f) => f,
-            None => buf.freeze(),
+            None => joined.freeze(),
         })
     }
 
     /// Whether the whole body has been read (the connection may then be pooled).
     pub fn is_done(&mut self) -> bool {
-        self.session.is_body_done()
+        self.decoder.is_done()
+    }
+
+    fn reusable(&self) -> bool {
+        self.keepalive && self.decoder.is_done() && self.buf.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(raw: &[u8]) -> (usize, ResponseHeader, Framing, bool) {
+        match parse_head(raw).unwrap() {
+            Some((len, Some((h, f, k)))) => (len, h, f, k),
+            other => panic!("not a final head: {:?}", other.map(|(l, _)| l)),
+        }
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let (_, h, f, k) = head(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello");
+        assert_eq!((h.status.as_u16(), f, k), (200, Framing::Length(5), true));
+        let (_, _, f, k) = head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+        assert_eq!((f, k), (Framing::Chunked, true));
+        let (_, _, f, k) = head(b"HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!((f, k), (Framing::UntilClose, false));
+        let (_, _, f, k) = head(b"HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n");
+        assert_eq!((f, k), (Framing::Length(0), true));
+        let (_, _, f, k) = head(b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n");
+        assert_eq!((f, k), (Framing::Length(1), false));
+        let (_, _, _, k) =
+            head(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\ncontent-length: 1\r\n\r\n");
+        assert!(k);
+        let (_, _, _, k) =
+            head(b"HTTP/1.1 200 OK\r\nConnection: close\r\ncontent-length: 1\r\n\r\n");
+        assert!(!k);
+        // Both framings: chunked wins, the connection is not pooled.
+        let (_, _, f, k) =
+            head(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert_eq!((f, k), (Framing::Chunked, false));
+        // Identical repeats collapse; conflicts are refused.
+        let (_, _, f, _) =
+            head(b"HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\ncontent-length: 2\r\n\r\n");
+        assert_eq!(f, Framing::Length(2));
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: +1\r\n\r\n",
+            b"HTTP/1.1 2000 OK\r\n\r\n",
+            b"HTTQ/1.1 200 OK\r\n\r\n",
+        ] {
+            assert!(
+                parse_head(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn interim_heads_are_skipped_and_partial_heads_wait() {
+        assert!(matches!(
+            parse_head(b"HTTP/1.1 100 Continue\r\n\r\n"),
+            Ok(Some((25, None)))
+        ));
+        assert!(matches!(
+            parse_head(b"HTTP/1.1 200 OK\r\ncontent-le"),
+            Ok(None)
+        ));
+        let (len, h, _, _) = head(
+            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 3\r\ncontent-length: 0\r\n\r\nX",
+        );
+        assert_eq!(h.status.as_u16(), 503);
+        assert_eq!(h.headers.get("retry-after").unwrap(), "3");
+        assert_eq!(len, 71);
+    }
+
+    #[test]
+    fn request_head_and_small_body_are_one_write() {
+        let headers = [(
+            HeaderName::from_static("x-request-id"),
+            HeaderValue::from_static("abc"),
+        )];
+        let req = LegRequest {
+            method: "POST",
+            path: "/generate",
+            host: "127.0.0.1:30000",
+            headers: &headers,
+            body: Bytes::from_static(b"{\"a\":1}"),
+        };
+        let w = RequestWire::encode(&req).unwrap();
+        assert!(w.rest.is_none());
+        assert_eq!(
+            &w.first[..],
+            &b"POST /generate HTTP/1.1\r\nhost: 127.0.0.1:30000\r\ncontent-type: application/json\r\ncontent-length: 7\r\nx-request-id: abc\r\n\r\n{\"a\":1}"[..]
+        );
+        let get = LegRequest {
+            method: "GET",
+            path: "/health",
+            host: "h:1",
+            headers: &[],
+            body: Bytes::new(),
+        };
+        assert_eq!(
+            &RequestWire::encode(&get).unwrap().first[..],
+            b"GET /health HTTP/1.1\r\nhost: h:1\r\n\r\n"
+        );
+        let big = LegRequest {
+            body: Bytes::from(vec![b'x'; COALESCE_BODY + 1]),
+            ..get
+        };
+        let w = RequestWire::encode(&big).unwrap();
+        assert_eq!(w.rest.as_ref().map(|b| b.len()), Some(COALESCE_BODY + 1));
+        for (path, host) in [("/a b", "h"), ("/a\r\nX: y", "h"), ("/a", "h\r\n")] {
+            let r = LegRequest {
+                method: "GET",
+                path,
+                host,
+                headers: &[],
+                body: Bytes::new(),
+            };
+            assert!(RequestWire::encode(&r).is_err());
+        }
     }
 }

@@ -94,11 +94,11 @@ pub async fn serve(
                 // A MoRI-IO prefill paired with anything else is refused there too ("a leg that
                 // is not a MoRIIOConnector worker"), rather than silently running passthrough.
                 if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
-                    moriio::attempt(gw, session, ctx, &req, &pair).await
+                    Box::pin(moriio::attempt(gw, session, ctx, &req, &pair)).await
                 } else if pair.prefill.runtime() == RuntimeType::Vllm {
-                    sequential::attempt(gw, session, ctx, &req, &pair).await
+                    Box::pin(sequential::attempt(gw, session, ctx, &req, &pair)).await
                 } else {
-                    parallel::attempt(gw, session, ctx, &req, &pair).await
+                    Box::pin(parallel::attempt(gw, session, ctx, &req, &pair)).await
                 }
             }
         };

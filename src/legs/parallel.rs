@@ -229,10 +229,13 @@ async fn run(
     } else {
         s.request_timeout
     };
-    let decode_open = gw
-        .client
-        .open(&pair.decode.peer, &decode_req, decode_head_timeout);
-    tokio::pin!(decode_open);
+    // Boxed so its state is freed once the head is in, instead of sizing this future (held
+    // for the whole stream) by it.
+    let mut decode_open = Box::pin(gw.client.open(
+        &pair.decode.peer,
+        &decode_req,
+        decode_head_timeout,
+    ));
 
     // Both heads, first failure wins.
     // A prefill that fails after its 2xx head (stalls, breaks) dooms the decode, which waits
@@ -267,6 +270,9 @@ async fn run(
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         }
     }
+    // Free what the stream does not need (the open's state, the leg body) before relaying it.
+    drop(decode_open);
+    drop(decode_req);
     let decode = decode.expect("loop ends only with the decode head");
 
     // Logprobs: the prompt rows come from the prefill body, so wait for it.

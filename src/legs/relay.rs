@@ -353,7 +353,8 @@ pub async fn relay_decode(
     labels: &PdLabels,
 ) -> Attempt {
     let status = decode.status();
-    let (end, reusable) = relay(session, ctx, decode, plan).await;
+    // Boxed for the same reason as the attempts in `dispatch` (futures nest by value).
+    let (end, reusable) = Box::pin(relay(session, ctx, decode, plan)).await;
     match &end {
         RelayEnd::Complete => pair.decode.record_leg(Some(status)),
         RelayEnd::StreamError(_) | RelayEnd::NotSent(_) => pair.decode.record_leg(None),

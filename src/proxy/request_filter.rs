@@ -135,7 +135,8 @@ async fn serve(
             Ok(true)
         }
         Endpoint::HealthGenerate => {
-            reply::send(session, ctx, admin::health_generate(gw).await).await?;
+            let reply = Box::pin(admin::health_generate(gw)).await;
+            reply::send(session, ctx, reply).await?;
             Ok(true)
         }
         Endpoint::Readiness => {
@@ -156,7 +157,7 @@ async fn serve(
             Ok(true)
         }
         Endpoint::Workers | Endpoint::Worker(_) => {
-            let reply = admin::workers::handle(gw, session, &endpoint).await;
+            let reply = Box::pin(admin::workers::handle(gw, session, &endpoint)).await;
             reply::send(session, ctx, reply).await?;
             Ok(true)
         }
@@ -173,12 +174,14 @@ async fn serve(
             Ok(true)
         }
         Endpoint::Reload => {
-            let reply = admin::reload(gw, session).await;
+            let reply = Box::pin(admin::reload(gw, session)).await;
             reply::send(session, ctx, reply).await?;
             Ok(true)
         }
-        Endpoint::CountTokens => count_tokens(gw, session, ctx).await,
-        Endpoint::Pd(route) => serve_pd(gw, session, ctx, route).await,
+        Endpoint::CountTokens => Box::pin(count_tokens(gw, session, ctx)).await,
+        // Boxed arms: this future lives as long as the request (a whole stream), and inline
+        // it would be as large as its largest arm (see `legs::dispatch`).
+        Endpoint::Pd(route) => Box::pin(serve_pd(gw, session, ctx, route)).await,
     }
 }
 
