@@ -17,47 +17,10 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::defaults;
 use super::worker::WorkerSpec;
 
-/// A routing policy name, as accepted by `--policy` (SMG's list). `passthrough` is refused for
-/// the per-leg `prefill_policy` / `decode_policy`, and `bucket` as the effective decode policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum PolicyKind {
-    CacheAware,
-    PrefixHash,
-    ConsistentHashing,
-    PowerOfTwo,
-    LeastLoad,
-    RoundRobin,
-    Random,
-    Manual,
-    Bucket,
-    Passthrough,
-}
-
-impl PolicyKind {
-    /// The name used in flags, YAML and the `policy` metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyKind::CacheAware => "cache_aware",
-            PolicyKind::PrefixHash => "prefix_hash",
-            PolicyKind::ConsistentHashing => "consistent_hashing",
-            PolicyKind::PowerOfTwo => "power_of_two",
-            PolicyKind::LeastLoad => "least_load",
-            PolicyKind::RoundRobin => "round_robin",
-            PolicyKind::Random => "random",
-            PolicyKind::Manual => "manual",
-            PolicyKind::Bucket => "bucket",
-            PolicyKind::Passthrough => "passthrough",
-        }
-    }
-}
-
-impl std::fmt::Display for PolicyKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+// The routing policy names (`--policy`, SMG's list; `passthrough` is refused for the per-leg
+// `prefill_policy` / `decode_policy`, and `bucket` as the effective decode policy) and
+// `--assignment-mode` are the policy module's own types: one definition per fact.
+pub use crate::policy::{AssignmentMode, PolicyName};
 
 /// `--pd-pairing-mode`: how strictly a prefill and a decode must share a KV transfer protocol
 /// (spec "Pairing Modes").
@@ -81,17 +44,6 @@ impl PairingMode {
             PairingMode::Strict => "strict",
         }
     }
-}
-
-/// `--assignment-mode`: how a first-seen sticky key picks its worker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum AssignmentMode {
-    Random,
-    MinLoad,
-    MinGroup,
-    Delegate,
 }
 
 /// `--cache-index`: the cache_aware index.
@@ -211,15 +163,15 @@ pub struct GatewayConfig {
     // ---- Routing policies ------------------------------------------------------------------
     /// Routing policy for both legs unless prefill_policy / decode_policy is set.
     #[arg(long, value_enum, default_value = defaults::POLICY, help_heading = "Routing Policy")]
-    pub policy: PolicyKind,
+    pub policy: PolicyName,
 
     /// Routing policy of the prefill leg (default: policy). No passthrough.
     #[arg(long, value_enum, help_heading = "Routing Policy")]
-    pub prefill_policy: Option<PolicyKind>,
+    pub prefill_policy: Option<PolicyName>,
 
     /// Routing policy of the decode leg (default: policy). No passthrough, no bucket.
     #[arg(long, value_enum, help_heading = "Routing Policy")]
-    pub decode_policy: Option<PolicyKind>,
+    pub decode_policy: Option<PolicyName>,
 
     /// cache_aware: matched-prefix share (0..1) above which the prefix owner is preferred.
     #[arg(long, visible_alias = "cache-match-threshold", default_value_t = defaults::CACHE_THRESHOLD, help_heading = "Routing Policy")]
@@ -542,12 +494,12 @@ pub(crate) fn join_host_port(host: &str, port: u16) -> String {
 
 impl GatewayConfig {
     /// The prefill leg's policy: `prefill_policy`, else `policy`.
-    pub fn effective_prefill_policy(&self) -> PolicyKind {
+    pub fn effective_prefill_policy(&self) -> PolicyName {
         self.prefill_policy.unwrap_or(self.policy)
     }
 
     /// The decode leg's policy: `decode_policy`, else `policy`.
-    pub fn effective_decode_policy(&self) -> PolicyKind {
+    pub fn effective_decode_policy(&self) -> PolicyName {
         self.decode_policy.unwrap_or(self.policy)
     }
 

@@ -31,7 +31,7 @@ use pingora::server::configuration::ServerConf;
 pub use error::{ConfigError, ConfigErrorKind};
 pub use file::{load_file, load_workers_file, parse_yaml};
 pub use gateway::{
-    AssignmentMode, CacheIndexKind, GatewayConfig, LogLevel, PairingMode, PolicyKind,
+    AssignmentMode, CacheIndexKind, GatewayConfig, LogLevel, PairingMode, PolicyName,
 };
 pub use launch::{
     normalize_launch_argv, Disposition, LaunchArgs, SmgOnlyFlags, StartupWorkerArg, SMG_ONLY_FLAGS,

@@ -108,7 +108,7 @@ fn demo_conf_is_one_loopback_pair_on_the_smg_ports() {
     let g = &loaded.gateway;
     assert_eq!(g.listen_addr(), "127.0.0.1:30000");
     assert_eq!(g.prometheus_addr(), "127.0.0.1:29000");
-    assert_eq!(g.policy, PolicyKind::RoundRobin);
+    assert_eq!(g.policy, PolicyName::RoundRobin);
     assert_eq!(loaded.server_conf.grace_period_seconds, Some(1));
     let workers: Vec<_> = loaded.startup_workers().collect();
     assert_eq!(workers.len(), 2);
@@ -196,7 +196,7 @@ fn defaults_are_smg_values() {
         (g.prometheus_host.as_str(), g.prometheus_port),
         ("0.0.0.0", 29000)
     );
-    assert_eq!(g.policy, PolicyKind::CacheAware);
+    assert_eq!(g.policy, PolicyName::CacheAware);
     assert_eq!((g.prefill_policy, g.decode_policy), (None, None));
     assert_eq!(g.pd_pairing_mode, PairingMode::Lenient);
     assert_eq!(g.cache_threshold, 0.3);
@@ -457,10 +457,10 @@ fn policy_names_are_smg_names() {
         "bucket",
         "passthrough",
     ] {
-        let kind = PolicyKind::from_str_for_test(name);
+        let kind = PolicyName::from_str_for_test(name);
         assert_eq!(kind.as_str(), name);
         assert_eq!(
-            serde_yaml::from_str::<PolicyKind>(name).expect("serde name"),
+            serde_yaml::from_str::<PolicyName>(name).expect("serde name"),
             kind
         );
     }
@@ -471,9 +471,9 @@ fn policy_names_are_smg_names() {
     );
 }
 
-impl PolicyKind {
-    fn from_str_for_test(name: &str) -> PolicyKind {
-        <PolicyKind as clap::ValueEnum>::from_str(name, false).expect("a clap value")
+impl PolicyName {
+    fn from_str_for_test(name: &str) -> PolicyName {
+        <PolicyName as clap::ValueEnum>::from_str(name, false).expect("a clap value")
     }
 }
 
@@ -1135,7 +1135,7 @@ fn unknown_worker_keys_are_ignored_with_a_notice() {
 fn validate_alone_skips_counts_that_depend_on_an_unread_workers_file() {
     let mut cfg = GatewayConfig {
         pd_disaggregation: true,
-        decode_policy: Some(PolicyKind::PowerOfTwo),
+        decode_policy: Some(PolicyName::PowerOfTwo),
         ..GatewayConfig::default()
     };
     cfg.workers = vec![
@@ -1277,12 +1277,12 @@ fn worker_urls_parse_into_scheme_host_port() {
 #[test]
 fn leg_policies_fall_back_to_policy() {
     let g = GatewayConfig {
-        policy: PolicyKind::RoundRobin,
-        decode_policy: Some(PolicyKind::LeastLoad),
+        policy: PolicyName::RoundRobin,
+        decode_policy: Some(PolicyName::LeastLoad),
         ..GatewayConfig::default()
     };
-    assert_eq!(g.effective_prefill_policy(), PolicyKind::RoundRobin);
-    assert_eq!(g.effective_decode_policy(), PolicyKind::LeastLoad);
+    assert_eq!(g.effective_prefill_policy(), PolicyName::RoundRobin);
+    assert_eq!(g.effective_decode_policy(), PolicyName::LeastLoad);
 }
 
 #[test]

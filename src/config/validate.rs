@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::error::{flag_name, ConfigError};
-use super::gateway::{GatewayConfig, PolicyKind};
+use super::gateway::{GatewayConfig, PolicyName};
 use super::worker::{WorkerSpec, WorkerType};
 
 /// Validates a gateway configuration on its own: its inline `workers` and every key.
@@ -72,7 +72,7 @@ fn validate_policies(
         ("prefill_policy", cfg.prefill_policy),
         ("decode_policy", cfg.decode_policy),
     ] {
-        if policy == Some(PolicyKind::Passthrough) {
+        if policy == Some(PolicyName::Passthrough) {
             return Err(ConfigError::invalid_key(
                 key,
                 "passthrough is accepted only by `policy`, not as a per-leg policy; choose one of \
@@ -81,7 +81,7 @@ fn validate_policies(
             ));
         }
     }
-    if cfg.effective_decode_policy() == PolicyKind::Bucket {
+    if cfg.effective_decode_policy() == PolicyName::Bucket {
         // The spec rejects bucket as the decode policy; SMG's snapshot only caught an explicit
         // --decode-policy. pdgate checks the effective one: an inherited `policy: bucket` would
         // route decode by request length, which the policy is not designed for.
@@ -109,7 +109,7 @@ fn validate_policies(
     if !counts_known || workers.is_empty() {
         return Ok(());
     }
-    let p2 = Some(PolicyKind::PowerOfTwo);
+    let p2 = Some(PolicyName::PowerOfTwo);
     if cfg.prefill_policy == p2 && prefill < 2 {
         return Err(power_of_two_error("prefill_policy", "prefill", prefill));
     }
@@ -117,7 +117,7 @@ fn validate_policies(
         return Err(power_of_two_error("decode_policy", "decode", decode));
     }
     // SMG: `--policy power_of_two` needs two URLs in total.
-    if cfg.policy == PolicyKind::PowerOfTwo && prefill + decode < 2 {
+    if cfg.policy == PolicyName::PowerOfTwo && prefill + decode < 2 {
         return Err(power_of_two_error("policy", "", prefill + decode));
     }
     Ok(())

@@ -95,10 +95,20 @@ pub async fn serve(
                 // is not a MoRIIOConnector worker"), rather than silently running passthrough.
                 if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
                     Box::pin(moriio::attempt(gw, session, ctx, &req, &pair)).await
-                } else if pair.prefill.runtime() == RuntimeType::Vllm {
-                    Box::pin(sequential::attempt(gw, session, ctx, &req, &pair)).await
                 } else {
-                    Box::pin(parallel::attempt(gw, session, ctx, &req, &pair)).await
+                    let mut slot = None;
+                    let outcome = if pair.prefill.runtime() == RuntimeType::Vllm {
+                        Box::pin(sequential::attempt(
+                            gw, session, ctx, &req, &pair, &mut slot,
+                        ))
+                        .await
+                    } else {
+                        Box::pin(parallel::attempt(gw, session, ctx, &req, &pair, &mut slot)).await
+                    };
+                    match slot {
+                        Some(handoff) => outcome.settle(&handoff),
+                        None => outcome,
+                    }
                 }
             }
         };

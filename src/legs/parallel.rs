@@ -91,22 +91,9 @@ pub fn transport_refusal(leg: &str, e: &LegError) -> Reply {
     .retryable(true)
 }
 
+/// One SGLang attempt. The rendezvous it opens is put in `slot` as soon as it exists, so the
+/// caller can settle it however the attempt ends.
 pub async fn attempt(
-    gw: &Gateway,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &PdRequest,
-    pair: &Pair,
-) -> Attempt {
-    let mut handoff = None;
-    let outcome = run(gw, session, ctx, req, pair, &mut handoff).await;
-    match handoff {
-        Some(h) => outcome.settle(&h),
-        None => outcome,
-    }
-}
-
-async fn run(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,

@@ -100,28 +100,15 @@ fn plan(connector: Connector, prefill: &Worker) -> Plan {
     }
 }
 
+/// One vLLM attempt. The handoff it opens is put in `slot` as soon as it exists, so the caller
+/// can settle it however the attempt ends.
 pub async fn attempt(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &PdRequest,
     pair: &Pair,
-) -> Attempt {
-    let mut handoff = None;
-    let outcome = run(gw, session, ctx, req, pair, &mut handoff).await;
-    match handoff {
-        Some(h) => outcome.settle(&h),
-        None => outcome,
-    }
-}
-
-async fn run(
-    gw: &Gateway,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    req: &PdRequest,
-    pair: &Pair,
-    handoff: &mut Option<Arc<Handoff>>,
+    slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
     let s = gw.settings();
     let connector = Connector::from_name(pair.prefill.spec.kv_connector.as_deref());
@@ -149,7 +136,7 @@ async fn run(
                 decode_params,
             } => {
                 ctx.transfer_id = Some(transfer_id.clone());
-                *handoff = Some(gw.ledger.open(
+                *slot = Some(gw.ledger.open(
                     Kind::TransferId,
                     &transfer_id,
                     &ctx.request_id,

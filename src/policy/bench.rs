@@ -79,43 +79,96 @@ struct Cell {
     request_ns: f64,
 }
 
-fn measure(name: PolicyName, workers: usize, prompts: &[String], min_time: Duration) -> Cell {
-    let urls: Vec<String> = (0..workers)
-        .map(|i| format!("http://10.{}.{}.{}:8000", i >> 16, (i >> 8) & 255, i & 255))
-        .collect();
-    let candidates: Vec<Candidate> = urls
-        .iter()
-        .enumerate()
-        .map(|(i, u)| Candidate {
-            url: u,
-            in_flight: (hash_bytes(u.as_bytes()) % 8) as usize + (i == 0) as usize,
-            load: None,
-        })
-        .collect();
-    let keys: Vec<String> = (0..SESSIONS).map(|s| format!("session-{s}")).collect();
-    let input = |i: usize| RoutingInput {
-        text: Some(&prompts[i % PROMPTS]),
-        routing_key: Some(&keys[i % SESSIONS]),
-        prompt_len: prompts[i % PROMPTS].len(),
-        ..Default::default()
-    };
-    let policy = build(name, PolicyLeg::Prefill, &PolicyParams::default()).expect("prefill leg");
-    for u in &urls {
-        policy.on_worker_added(u);
+/// One benchmark cell, ready to run: a policy instance with `workers` registered and its state
+/// populated, a pool of prompts of one size, and the routing keys. Shared by [`bench_report`]
+/// and the Criterion benchmark (`bench/benches/policy.rs`).
+pub struct BenchCase {
+    policy: std::sync::Arc<dyn Policy>,
+    urls: Vec<String>,
+    in_flight: Vec<usize>,
+    keys: Vec<String>,
+    prompts: Vec<String>,
+}
+
+impl BenchCase {
+    pub fn new(name: PolicyName, workers: usize, prompt_bytes: usize) -> BenchCase {
+        let urls: Vec<String> = (0..workers)
+            .map(|i| format!("http://10.{}.{}.{}:8000", i >> 16, (i >> 8) & 255, i & 255))
+            .collect();
+        let in_flight = urls
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (hash_bytes(u.as_bytes()) % 8) as usize + (i == 0) as usize)
+            .collect();
+        let policy =
+            build(name, PolicyLeg::Prefill, &PolicyParams::default()).expect("prefill leg");
+        for u in &urls {
+            policy.on_worker_added(u);
+        }
+        let case = BenchCase {
+            policy,
+            urls,
+            in_flight,
+            keys: (0..SESSIONS).map(|s| format!("session-{s}")).collect(),
+            prompts: prompt_pool(prompt_bytes),
+        };
+        // Populate state (tree, pins, window) before anything is timed.
+        for i in 0..SESSIONS.max(PROMPTS) {
+            case.request(i);
+        }
+        case
     }
-    let request = |p: &dyn Policy, i: usize| {
-        let inp = input(i);
-        let chosen = p.select(&candidates, &inp).expect("a worker");
-        p.on_selected(&candidates[chosen], &inp);
-    };
-    // Populate state (tree, pins, window) before timing select alone.
-    for i in 0..SESSIONS.max(PROMPTS) {
-        request(&*policy, i);
+
+    fn candidates(&self) -> Vec<Candidate<'_>> {
+        self.urls
+            .iter()
+            .zip(&self.in_flight)
+            .map(|(u, &n)| Candidate {
+                url: u,
+                in_flight: n,
+                load: None,
+            })
+            .collect()
     }
+
+    fn input(&self, i: usize) -> RoutingInput<'_> {
+        RoutingInput {
+            text: Some(&self.prompts[i % PROMPTS]),
+            routing_key: Some(&self.keys[i % SESSIONS]),
+            prompt_len: self.prompts[i % PROMPTS].len(),
+            ..Default::default()
+        }
+    }
+
+    /// A runner for `select` alone (the candidate list is built once, outside the timing).
+    pub fn selector(&self) -> impl Fn(usize) -> Option<usize> + '_ {
+        let candidates = self.candidates();
+        move |i| self.policy.select(black_box(&candidates), &self.input(i))
+    }
+
+    /// A runner for a full request: `select` + `on_selected`.
+    pub fn requester(&self) -> impl Fn(usize) + '_ {
+        let candidates = self.candidates();
+        move |i| {
+            let inp = self.input(i);
+            let chosen = self.policy.select(&candidates, &inp).expect("a worker");
+            self.policy.on_selected(&candidates[chosen], &inp);
+        }
+    }
+
+    fn request(&self, i: usize) {
+        (self.requester())(i)
+    }
+}
+
+fn measure(name: PolicyName, workers: usize, prompt_bytes: usize, min_time: Duration) -> Cell {
+    let case = BenchCase::new(name, workers, prompt_bytes);
+    let select = case.selector();
     let select_ns = time_per_op(min_time, |i| {
-        black_box(policy.select(black_box(&candidates), &input(i)));
+        black_box(select(i));
     });
-    let request_ns = time_per_op(min_time, |i| request(&*policy, i));
+    let request = case.requester();
+    let request_ns = time_per_op(min_time, request);
     Cell {
         select_ns,
         request_ns,
@@ -134,27 +187,22 @@ fn fmt_ns(ns: f64) -> String {
 
 /// Time every configured cell and return a markdown table (`select` / full request, per op).
 pub fn bench_report(config: &BenchConfig) -> String {
-    let pools: Vec<(usize, Vec<String>)> = config
-        .prompt_bytes
-        .iter()
-        .map(|&b| (b, prompt_pool(b)))
-        .collect();
     let mut out = String::new();
     let _ = write!(out, "| policy | workers |");
-    for (b, _) in &pools {
+    for b in &config.prompt_bytes {
         let _ = write!(out, " {} KB: select / request |", b / 1024);
     }
     out.push('\n');
     let _ = write!(out, "|---|---:|");
-    for _ in &pools {
+    for _ in &config.prompt_bytes {
         out.push_str("---:|");
     }
     out.push('\n');
     for &name in &config.policies {
         for &w in &config.workers {
             let _ = write!(out, "| {name} | {w} |");
-            for (_, pool) in &pools {
-                let cell = measure(name, w, pool, config.min_time);
+            for &bytes in &config.prompt_bytes {
+                let cell = measure(name, w, bytes, config.min_time);
                 let _ = write!(
                     out,
                     " {} / {} |",

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rand::Rng;
+use serde::{Deserialize, Serialize};
 
 mod bench;
 mod bucket;
@@ -48,7 +49,7 @@ mod fixtures;
 #[cfg(test)]
 mod tests;
 
-pub use bench::{bench_report, BenchConfig};
+pub use bench::{bench_report, BenchCase, BenchConfig};
 
 /// One routing policy instance, owned by one leg.
 pub trait Policy: Send + Sync {
@@ -134,7 +135,11 @@ pub enum PolicyLeg {
 }
 
 /// `--assignment-mode`: how manual places a new or stale key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum AssignmentMode {
     /// Uniform over the available workers (manual's default).
     #[default]
@@ -265,8 +270,10 @@ impl Default for PolicyParams {
     }
 }
 
-/// A policy name as SMG spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A policy name as SMG spells it (flags, YAML, the `policy` metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum PolicyName {
     CacheAware,
     PrefixHash,

@@ -4,11 +4,9 @@
 
 use std::sync::Arc;
 
-use crate::config::{self, GatewayConfig, PolicyKind};
+use crate::config::GatewayConfig;
 use crate::metrics::{HTTP, METRICS};
-use crate::policy::{
-    self, Candidate, EngineLoad, Policy, PolicyLeg, PolicyName, PolicyParams, RoutingInput,
-};
+use crate::policy::{self, Candidate, EngineLoad, Policy, PolicyLeg, PolicyParams, RoutingInput};
 use pdgate_filters::errors::ErrorCode;
 
 use super::pairing::{compatible, Descriptor};
@@ -257,18 +255,9 @@ impl LegPolicies {
     /// One fresh instance per leg from the effective `--prefill-policy` / `--decode-policy`.
     pub fn from_config(cfg: &GatewayConfig) -> Result<LegPolicies, String> {
         let params = policy_params(cfg);
-        let name = |k: PolicyKind| k.as_str().parse::<PolicyName>();
         Ok(LegPolicies {
-            prefill: policy::build(
-                name(cfg.effective_prefill_policy())?,
-                PolicyLeg::Prefill,
-                &params,
-            )?,
-            decode: policy::build(
-                name(cfg.effective_decode_policy())?,
-                PolicyLeg::Decode,
-                &params,
-            )?,
+            prefill: policy::build(cfg.effective_prefill_policy(), PolicyLeg::Prefill, &params)?,
+            decode: policy::build(cfg.effective_decode_policy(), PolicyLeg::Decode, &params)?,
         })
     }
 }
@@ -304,13 +293,7 @@ fn policy_params(cfg: &GatewayConfig) -> PolicyParams {
         least_load_default_throughput: cfg.least_load_default_throughput,
         least_load_mean_prefill_tokens: f64::from(cfg.least_load_mean_prefill_tokens),
         least_load_max_waiting_requests: u64::from(cfg.least_load_max_waiting_requests),
-        assignment_mode: match cfg.assignment_mode {
-            None => d.assignment_mode,
-            Some(config::AssignmentMode::Random) => policy::AssignmentMode::Random,
-            Some(config::AssignmentMode::MinLoad) => policy::AssignmentMode::MinLoad,
-            Some(config::AssignmentMode::MinGroup) => policy::AssignmentMode::MinGroup,
-            Some(config::AssignmentMode::Delegate) => policy::AssignmentMode::Delegate,
-        },
+        assignment_mode: cfg.assignment_mode.unwrap_or(d.assignment_mode),
         max_idle_secs: cfg.max_idle_secs,
         ..d
     }

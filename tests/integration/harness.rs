@@ -10,6 +10,8 @@ use bytes::Bytes;
 use mock_engine::client::{self, ClientOptions, Response};
 use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
 use serde_json::Value;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 
 /// A free TCP port on 127.0.0.1 (bound and released; the kernel does not hand it out again soon).
 pub fn free_port() -> u16 {
@@ -332,4 +334,38 @@ pub async fn gateway_for(fleet: &SglangFleet, extra: &str) -> Gateway {
     let mut gw = Gateway::start(&fleet.workers(), extra).await;
     gw.wait_ready().await;
     gw
+}
+
+/// One request: method, path and its `Content-Length` body.
+pub async fn read_request(conn: &mut TcpStream) -> Option<(String, String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        let n = conn.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let mut first = head.lines().next()?.split(' ');
+    let (method, path) = (first.next()?.to_string(), first.next()?.to_string());
+    let len = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = buf[end + 4..].to_vec();
+    while body.len() < len {
+        let n = conn.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Some((method, path, body))
 }

@@ -3,6 +3,7 @@
 
 mod chaos;
 mod cli;
+mod engine_wire;
 mod harness;
 mod hostile;
 mod lifecycle;

@@ -18,11 +18,11 @@ use mock_engine::client::{self, ClientOptions, Response};
 use mock_engine::output::{self, Output};
 use mock_engine::{Connector, EngineKind, Fault, FaultMatch, MockEngine, MockEngineConfig, Role};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use crate::harness::{metric_value, Gateway};
+use crate::harness::{metric_value, read_request, Gateway};
 
 const CHAT: &str = "/v1/chat/completions";
 const COMPLETIONS: &str = "/v1/completions";
@@ -1061,40 +1061,6 @@ async fn serve_fake(mut conn: TcpStream, answer: Answer, bodies: Arc<Mutex<Vec<V
     let _ = conn.write_all(head.as_bytes()).await;
     let _ = conn.write_all(payload.as_bytes()).await;
     let _ = conn.shutdown().await;
-}
-
-/// One request: method, path and its `Content-Length` body.
-async fn read_request(conn: &mut TcpStream) -> Option<(String, String, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        let n = conn.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let mut first = head.lines().next()?.split(' ');
-    let (method, path) = (first.next()?.to_string(), first.next()?.to_string());
-    let len = head
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    let mut body = buf[end + 4..].to_vec();
-    while body.len() < len {
-        let n = conn.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    Some((method, path, body))
 }
 
 /// Sends a request on a raw connection and returns the connection unread: dropping it is a
