@@ -1,9 +1,9 @@
-//! The sub-request module's transport: a lean HTTP/1.1 client over Pingora's connection pool
-//! (`TransportConnector`), used for both legs of a PD request, health probes and single-leg
-//! admin calls.
+//! The sub-request module's transport: a lean HTTP/1.1 client over Pingora's connector
+//! (`TransportConnector`: connect, TCP options, timeouts) with idle connections kept in
+//! [`Pool`], used for both legs of a PD request, health probes and single-leg admin calls.
 //!
-//! Why Pingora's pool and not a second HTTP stack: the same peer/timeout model and keepalive
-//! pool as the proxy, and no extra dependency (research/pingora-design.md §2). Why not Pingora's
+//! Why Pingora's connector and not a second HTTP stack: the same peer/timeout model as the
+//! proxy, and no extra dependency (research/pingora-design.md §2). Why not Pingora's
 //! v1 `HttpSession` on top of it (what this module used first; docs/architecture.md, "Leg
 //! transport"): it sends a request head and its body in two writes, and reads every response
 //! body through a 64 KiB buffer — per held stream that buffer was most of the gateway's memory,
@@ -26,6 +26,8 @@ use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::pool::Pool;
 
 /// First read of a response (the head and, usually, a stream's first events), and the first
 /// read size of a body: an open stream holds this much, so it is small. A read that fills it
@@ -111,17 +113,18 @@ pub struct LegRequest<'a> {
 /// them (Pingora's own warning), so the proxy, health and admin services each build their own.
 pub struct LegClient {
     transport: TransportConnector,
-    pool_idle: Option<Duration>,
+    pool: Pool,
 }
 
 impl LegClient {
     /// `pool_size` caps idle pooled connections; `pool_idle` is how long one may sit idle (keep
     /// it below the engines' own keep-alive, or a reused socket races the engine's close).
     pub fn new(pool_size: usize, pool_idle: Option<Duration>) -> Self {
-        let opts = ConnectorOptions::new(pool_size);
+        // Pingora's own pool is not used (see `pool`): it keeps nothing.
+        let opts = ConnectorOptions::new(0);
         LegClient {
             transport: TransportConnector::new(Some(opts)),
-            pool_idle,
+            pool: Pool::new(pool_size, pool_idle),
         }
     }
 
@@ -149,9 +152,13 @@ impl LegClient {
     }
 
     async fn connect(&self, peer: &HttpPeer) -> Result<(Stream, bool), LegError> {
+        if let Some(stream) = self.pool.take(peer.reuse_hash()) {
+            return Ok((stream, true));
+        }
         self.transport
-            .get_stream(peer)
+            .new_stream(peer)
             .await
+            .map(|s| (s, false))
             .map_err(|e| LegError::new(LegErrorKind::Connect, e))
     }
 
@@ -159,8 +166,7 @@ impl LegClient {
     /// nothing followed it, and the engine allows keep-alive; otherwise it is closed).
     pub async fn release(&self, leg: OpenLeg, peer: &HttpPeer) {
         if leg.reusable() {
-            self.transport
-                .release_stream(leg.stream, peer.reuse_hash(), self.pool_idle);
+            self.pool.put(peer.reuse_hash(), leg.stream);
         }
     }
 }

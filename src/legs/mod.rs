@@ -3,12 +3,13 @@
 //!
 //! `request` (what the legs carry) → `dispatch` (attempt loop, retries) → `parallel` (SGLang) or `sequential` (vLLM)
 //! → `prefill` (the background prefill leg) and `relay` (decode output to the client), all over
-//! `client` (pooled HTTP/1.1 on Pingora's connector).
+//! `client` (HTTP/1.1 over Pingora's connector, idle connections parked in `pool`).
 
 pub mod client;
 pub mod dispatch;
 pub mod moriio;
 pub mod parallel;
+pub mod pool;
 pub mod prefill;
 pub mod relay;
 pub mod request;
