@@ -511,15 +511,16 @@ impl OpenLeg {
             if left > limit {
                 return Err(too_large());
             }
-            if self.buf.len() < left {
-                self.buf.reserve(left - self.buf.len());
-                while self.buf.len() < left {
-                    if self.fill().await? == 0 {
-                        return Err(LegError::new(
-                            LegErrorKind::Body,
-                            "connection closed before the end of the body",
-                        ));
-                    }
+            // Reserved as it arrives, in steps of at most 4 MiB: the length is the engine's word.
+            while self.buf.len() < left {
+                if self.buf.capacity() == self.buf.len() {
+                    self.buf.reserve((left - self.buf.len()).min(4 << 20));
+                }
+                if self.fill().await? == 0 {
+                    return Err(LegError::new(
+                        LegErrorKind::Body,
+                        "connection closed before the end of the body",
+                    ));
                 }
             }
         }

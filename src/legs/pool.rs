@@ -25,9 +25,16 @@ struct Idle {
 
 /// Idle connections by peer key (`Peer::reuse_hash`), at most `capacity` in all.
 pub struct Pool {
-    idle: Mutex<HashMap<u64, Vec<Idle>>>,
+    idle: Mutex<Parked>,
     capacity: usize,
     max_idle: Option<Duration>,
+}
+
+#[derive(Default)]
+struct Parked {
+    by_peer: HashMap<u64, Vec<Idle>>,
+    /// Sum of the lists' lengths.
+    count: usize,
 }
 
 impl Pool {
@@ -35,7 +42,7 @@ impl Pool {
     /// before it is dropped instead of reused (`None`: no limit).
     pub fn new(capacity: usize, max_idle: Option<Duration>) -> Pool {
         Pool {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(Parked::default()),
             capacity,
             max_idle,
         }
@@ -45,12 +52,13 @@ impl Pool {
     pub fn take(&self, key: u64) -> Option<Stream> {
         loop {
             let idle = {
-                let mut map = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-                let list = map.get_mut(&key)?;
+                let mut parked = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                let list = parked.by_peer.get_mut(&key)?;
                 let idle = list.pop();
                 if list.is_empty() {
-                    map.remove(&key);
+                    parked.by_peer.remove(&key);
                 }
+                parked.count -= usize::from(idle.is_some());
                 idle?
             };
             // Checked (and dropped, closing it) outside the lock.
@@ -66,22 +74,24 @@ impl Pool {
         let now = Instant::now();
         let mut stale = Vec::new();
         {
-            let mut map = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            let total: usize = map.values().map(Vec::len).sum();
-            let list = map.entry(key).or_default();
+            let mut guard = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let parked = &mut *guard;
+            let list = parked.by_peer.entry(key).or_default();
             // The oldest sit at the front: drop the ones past the idle limit while here.
             let keep_from = list
                 .iter()
                 .position(|i| !self.expired(i.since))
                 .unwrap_or(list.len());
             stale.extend(list.drain(..keep_from));
-            if total - stale.len() < self.capacity {
+            parked.count -= stale.len();
+            if parked.count < self.capacity {
                 list.push(Idle { stream, since: now });
+                parked.count += 1;
             } else {
                 stale.push(Idle { stream, since: now });
             }
             if list.is_empty() {
-                map.remove(&key);
+                parked.by_peer.remove(&key);
             }
         }
         drop(stale);
@@ -89,8 +99,7 @@ impl Pool {
 
     /// Idle connections parked now (all engines).
     pub fn len(&self) -> usize {
-        let map = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        map.values().map(Vec::len).sum()
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).count
     }
 
     pub fn is_empty(&self) -> bool {
