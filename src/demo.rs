@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
+use pdgate_filters::framing::{BodyDecoder, Framing};
 use serde_json::{json, Value};
 
 /// The demo's configuration, compiled in so `pdgate demo` runs from anywhere.
@@ -344,25 +346,17 @@ fn http(addr: (&str, u16), method: &str, path: &str, body: Option<&Value>) -> Ht
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
-    let mut body = raw[split + 4..].to_vec();
-    if header(&headers, "transfer-encoding").eq_ignore_ascii_case("chunked") {
-        body = dechunk(&body);
-    }
+    let rest = &raw[split + 4..];
+    let body = if header(&headers, "transfer-encoding").eq_ignore_ascii_case("chunked") {
+        let mut decoder = BodyDecoder::new(Framing::Chunked);
+        decoder
+            .decode(&mut BytesMut::from(rest))
+            .map_err(|e| format!("chunked body: {e}"))?
+            .to_vec()
+    } else {
+        rest.to_vec()
+    };
     Ok((status, headers, body))
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size =
-            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
-        if size == 0 || b.len() < eol + 2 + size {
-            break;
-        }
-        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
-        b = &b[(eol + 4 + size).min(b.len())..];
-    }
-    out
 }
 
 /// Where the demo's config lives in the source tree (for docs and tests).

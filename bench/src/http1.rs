@@ -7,6 +7,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
+use pdgate_filters::framing::{BodyDecoder, Framing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -163,37 +165,13 @@ impl Conn {
     }
 }
 
-#[derive(Debug)]
-enum Framing {
-    Length(usize),
-    Chunked(Chunk),
-    UntilClose,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Chunk {
-    /// Reading the hex size (`extension` = skipping `;ext` up to the line end).
-    Size {
-        size: usize,
-        extension: bool,
-    },
-    SizeLf {
-        size: usize,
-    },
-    Data(usize),
-    DataCr,
-    DataLf,
-    /// After the last chunk: trailer lines until an empty one (`\r` does not move the line).
-    Trailer {
-        at_line_start: bool,
-    },
-}
-
-/// Incremental response parser (status line, headers, body framing, SSE event boundaries).
+/// Incremental response parser (status line, headers, SSE event boundaries); the body framing
+/// is pdgate's own decoder (`pdgate_filters::framing`, the one the gateway's legs use).
 struct ResponseParser {
     keep: Keep,
     head: Vec<u8>,
-    framing: Option<Framing>,
+    /// After the head: the body decoder and the bytes it has not consumed yet.
+    body: Option<(BodyDecoder, BytesMut)>,
     resp: Response,
     /// The previous body byte was `\n` (an SSE event ends with `\n\n`).
     last_lf: bool,
@@ -205,7 +183,7 @@ impl ResponseParser {
         ResponseParser {
             keep,
             head: Vec::new(),
-            framing: None,
+            body: None,
             resp: Response::default(),
             last_lf: false,
             last_event: None,
@@ -215,7 +193,7 @@ impl ResponseParser {
     /// Feeds bytes; returns `Some(consumed)` once the response is complete.
     fn feed(&mut self, mut data: &[u8], now: Instant) -> io::Result<Option<usize>> {
         let total = data.len();
-        if self.framing.is_none() {
+        if self.body.is_none() {
             let start = self.head.len().saturating_sub(3);
             self.head.extend_from_slice(data);
             let Some(end) = find(&self.head[start..], b"\r\n\r\n").map(|i| start + i + 4) else {
@@ -227,19 +205,19 @@ impl ResponseParser {
             let body_start = data.len() - (self.head.len() - end);
             self.parse_head(end)?;
             data = &data[body_start..];
-            if let Some(Framing::Length(0)) = self.framing {
-                self.resp.done = Some(now);
-                return Ok(Some(body_start));
-            }
         }
-        let consumed_before = total - data.len();
-        match self.body(data, now)? {
-            Some(used) => {
-                self.resp.done = Some(now);
-                Ok(Some(consumed_before + used))
-            }
-            None => Ok(None),
-        }
+        let (decoded, left_over) = {
+            let (decoder, pending) = self.body.as_mut().expect("head parsed before the body");
+            pending.extend_from_slice(data);
+            let decoded = decoder.decode(pending).map_err(|e| bad(&e.to_string()))?;
+            (decoded, decoder.is_done().then_some(pending.len()))
+        };
+        self.payload(&decoded, now);
+        Ok(left_over.map(|left| {
+            self.resp.done = Some(now);
+            // What is left over lies past the body's end, all of it from this call's bytes.
+            total.saturating_sub(left)
+        }))
     }
 
     fn parse_head(&mut self, end: usize) -> io::Result<()> {
@@ -261,127 +239,24 @@ impl ResponseParser {
             };
             let value = value.trim();
             if name.eq_ignore_ascii_case("content-length") {
-                length = value.parse::<usize>().ok();
+                length = value.parse::<u64>().ok();
             } else if name.eq_ignore_ascii_case("transfer-encoding") {
                 chunked = value.to_ascii_lowercase().contains("chunked");
             } else if name.eq_ignore_ascii_case("connection") {
                 self.resp.close = value.eq_ignore_ascii_case("close");
             }
         }
-        self.framing = Some(if chunked {
-            Framing::Chunked(Chunk::Size {
-                size: 0,
-                extension: false,
-            })
+        let framing = if chunked {
+            Framing::Chunked
         } else if let Some(n) = length {
             Framing::Length(n)
         } else {
             self.resp.close = true;
             Framing::UntilClose
-        });
+        };
+        self.body = Some((BodyDecoder::new(framing), BytesMut::new()));
         self.head = Vec::new();
         Ok(())
-    }
-
-    /// Consumes body bytes; `Some(used)` once the body is complete.
-    fn body(&mut self, data: &[u8], now: Instant) -> io::Result<Option<usize>> {
-        let framing = self.framing.as_mut().expect("head parsed before the body");
-        match framing {
-            Framing::Length(left) => {
-                let take = (*left).min(data.len());
-                *left -= take;
-                let finished = *left == 0;
-                self.payload(&data[..take], now);
-                Ok(finished.then_some(take))
-            }
-            Framing::UntilClose => {
-                self.payload(data, now);
-                Ok(None)
-            }
-            Framing::Chunked(_) => self.chunked(data, now),
-        }
-    }
-
-    fn chunked(&mut self, data: &[u8], now: Instant) -> io::Result<Option<usize>> {
-        let mut i = 0;
-        while i < data.len() {
-            let Some(Framing::Chunked(state)) = self.framing else {
-                unreachable!("chunked() runs only for chunked framing")
-            };
-            let b = data[i];
-            let next = match state {
-                Chunk::Size { size, extension } => match b {
-                    b'\r' => Chunk::SizeLf { size },
-                    b'\n' => after_size(size),
-                    _ if extension => state,
-                    b';' | b' ' | b'\t' => Chunk::Size {
-                        size,
-                        extension: true,
-                    },
-                    _ => {
-                        let d = (b as char)
-                            .to_digit(16)
-                            .ok_or_else(|| bad("bad chunk size"))?;
-                        Chunk::Size {
-                            size: size
-                                .checked_mul(16)
-                                .and_then(|s| s.checked_add(d as usize))
-                                .ok_or_else(|| bad("chunk size overflow"))?,
-                            extension: false,
-                        }
-                    }
-                },
-                Chunk::SizeLf { size } => {
-                    if b != b'\n' {
-                        return Err(bad("bad chunk size line"));
-                    }
-                    after_size(size)
-                }
-                Chunk::Data(left) => {
-                    let take = left.min(data.len() - i);
-                    // Borrow dance: payload() needs &mut self.
-                    let end = i + take;
-                    self.payload(&data[i..end], now);
-                    i = end;
-                    self.framing = Some(Framing::Chunked(if take == left {
-                        Chunk::DataCr
-                    } else {
-                        Chunk::Data(left - take)
-                    }));
-                    continue;
-                }
-                Chunk::DataCr => match b {
-                    b'\r' => Chunk::DataLf,
-                    b'\n' => Chunk::Size {
-                        size: 0,
-                        extension: false,
-                    },
-                    _ => return Err(bad("chunk not followed by CRLF")),
-                },
-                Chunk::DataLf => {
-                    if b != b'\n' {
-                        return Err(bad("chunk not followed by CRLF"));
-                    }
-                    Chunk::Size {
-                        size: 0,
-                        extension: false,
-                    }
-                }
-                Chunk::Trailer { at_line_start } => match b {
-                    b'\n' if at_line_start => return Ok(Some(i + 1)),
-                    b'\n' => Chunk::Trailer {
-                        at_line_start: true,
-                    },
-                    b'\r' => state,
-                    _ => Chunk::Trailer {
-                        at_line_start: false,
-                    },
-                },
-            };
-            self.framing = Some(Framing::Chunked(next));
-            i += 1;
-        }
-        Ok(None)
     }
 
     /// Decoded body bytes: count SSE events, keep the tail (and the body when asked).
@@ -429,8 +304,8 @@ impl ResponseParser {
     }
 
     fn eof(mut self, now: Instant) -> io::Result<Response> {
-        match self.framing {
-            Some(Framing::UntilClose) => {
+        match self.body.as_mut().map(|(decoder, _)| decoder.finish()) {
+            Some(Ok(())) => {
                 self.resp.done = Some(now);
                 Ok(self.resp)
             }
@@ -439,16 +314,6 @@ impl ResponseParser {
                 "connection closed before the response ended",
             )),
         }
-    }
-}
-
-fn after_size(size: usize) -> Chunk {
-    if size == 0 {
-        Chunk::Trailer {
-            at_line_start: true,
-        }
-    } else {
-        Chunk::Data(size)
     }
 }
 

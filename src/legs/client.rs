@@ -438,9 +438,9 @@ impl OpenLeg {
         (200..300).contains(&self.status)
     }
 
-    /// The response head (present once opened).
-    pub fn head(&self) -> Option<&ResponseHeader> {
-        Some(&self.head)
+    /// The response head.
+    pub fn head(&self) -> &ResponseHeader {
+        &self.head
     }
 
     pub fn header_str(&self, name: &str) -> Option<&str> {
@@ -548,7 +548,7 @@ impl OpenLeg {
     }
 
     /// Whether the whole body has been read (the connection may then be pooled).
-    pub fn is_done(&mut self) -> bool {
+    pub fn is_done(&self) -> bool {
         self.decoder.is_done()
     }
 

@@ -78,20 +78,18 @@ pub struct RelayPlan<'a> {
 /// hop-by-hop ones and its framing, as `text/event-stream` with chunked framing (Pingora's H1
 /// writer flushes every chunk then).
 fn stream_head(
-    decode: Option<&ResponseHeader>,
+    decode: &ResponseHeader,
     status: u16,
     ctx: &RequestCtx,
     decode_url: &str,
 ) -> pingora::Result<ResponseHeader> {
     let mut h = ResponseHeader::build(status, Some(8))?;
-    if let Some(d) = decode {
-        for (name, value) in d.headers.iter() {
-            let n = name.as_str();
-            if HOP_BY_HOP.contains(&n) || n == "content-length" || n == "content-type" {
-                continue;
-            }
-            h.append_header(name.clone(), value.clone())?;
+    for (name, value) in decode.headers.iter() {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n) || n == "content-length" || n == "content-type" {
+            continue;
         }
+        h.append_header(name.clone(), value.clone())?;
     }
     h.insert_header("content-type", SSE)?;
     h.insert_header("cache-control", "no-cache")?;
@@ -305,26 +303,25 @@ async fn relay_whole(
         }
         None => {
             let mut r = Reply::body(status, JSON, body);
-            if let Some(head) = leg.head() {
-                if let Some(ct) = head
-                    .headers
-                    .get("content-type")
-                    .and_then(|v| v.to_str().ok())
+            let head = leg.head();
+            if let Some(ct) = head
+                .headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+            {
+                r.content_type = std::borrow::Cow::Owned(ct.to_string());
+            }
+            for (name, value) in head.headers.iter() {
+                let n = name.as_str();
+                if !HOP_BY_HOP.contains(&n)
+                    && n != "content-length"
+                    && n != "content-type"
+                    && n != "date"
+                    && n != "server"
                 {
-                    r.content_type = std::borrow::Cow::Owned(ct.to_string());
-                }
-                for (name, value) in head.headers.iter() {
-                    let n = name.as_str();
-                    if !HOP_BY_HOP.contains(&n)
-                        && n != "content-length"
-                        && n != "content-type"
-                        && n != "date"
-                        && n != "server"
-                    {
-                        if let Ok(v) = value.to_str() {
-                            r.headers
-                                .push((std::borrow::Cow::Owned(n.to_string()), v.to_string()));
-                        }
+                    if let Ok(v) = value.to_str() {
+                        r.headers
+                            .push((std::borrow::Cow::Owned(n.to_string()), v.to_string()));
                     }
                 }
             }

@@ -170,10 +170,19 @@ async fn an_engine_that_breaks_http_framing_gets_a_clean_refusal_and_leaks_nothi
             .await
             .unwrap_or_else(|e| panic!("{case}: {e}"));
         let text = String::from_utf8_lossy(&body);
-        assert!(text.starts_with(EVENT), "{case}: {text}");
-        assert!(
-            text.contains("\"decode_request_failed\"") || text.contains("decode stream failed"),
-            "{case}: no error event in {text}"
+        // Exactly: the relayed event, then one error event, then the end of the body.
+        let rest = text
+            .strip_prefix(EVENT)
+            .unwrap_or_else(|| panic!("{case}: the first event was not relayed: {text}"));
+        let error = rest
+            .strip_prefix("data: ")
+            .and_then(|e| e.strip_suffix("\n\n"))
+            .unwrap_or_else(|| panic!("{case}: not one SSE error event after it: {rest:?}"));
+        let error: Value = serde_json::from_str(error)
+            .unwrap_or_else(|e| panic!("{case}: error event is not JSON ({e}): {error}"));
+        assert_eq!(
+            error["error"]["code"], "decode_request_failed",
+            "{case}: {error}"
         );
     }
 
