@@ -106,7 +106,7 @@ impl ModelLabels {
     }
 
     pub fn label(&self, model: Option<&str>) -> Arc<str> {
-        let m = model.unwrap_or("unknown");
+        let m = model.unwrap_or(crate::metrics::UNKNOWN_MODEL);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = seen.iter().find(|s| &***s == m) {
             return s.clone();

@@ -21,6 +21,8 @@ pub const DURATION_BUCKETS: &[f64] = &[
 
 /// `backend_type` label value of the PD series.
 pub const BACKEND_PD: &str = "pd";
+/// The `model` label when a request or worker names none.
+pub const UNKNOWN_MODEL: &str = "unknown";
 /// `router_type` / `connection_mode` label value of this gateway's HTTP path.
 pub const HTTP: &str = "http";
 

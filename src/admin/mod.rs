@@ -51,7 +51,13 @@ pub fn readiness(gw: &Gateway) -> Reply {
 pub async fn health_generate(gw: &Gateway) -> Reply {
     let snap = gw.registry.snapshot();
     let policies = gw.policies.load();
-    let pair = match select_pair(&snap, None, &policies, &RoutingInput::default(), "unknown") {
+    let pair = match select_pair(
+        &snap,
+        None,
+        &policies,
+        &RoutingInput::default(),
+        crate::metrics::UNKNOWN_MODEL,
+    ) {
         Ok(p) => p,
         Err(e) => return Reply::error(ErrorCode::NoHealthyWorkerPair, e.message()),
     };

@@ -11,7 +11,7 @@ use super::{moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
 use crate::ledger::Handoff;
-use crate::metrics::METRICS;
+use crate::metrics::{METRICS, UNKNOWN_MODEL};
 use crate::policy::RoutingInput;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply};
@@ -76,8 +76,8 @@ pub async fn serve(
                 .or(req.routing.token_ids.as_ref().map(Vec::len))
                 .unwrap_or(0),
         };
-        let label = ctx.model_label.clone().unwrap_or_else(|| "unknown".into());
-        let outcome = match select_pair(&snap, model, &policies, &input, &label) {
+        let label = ctx.model_label.as_deref().unwrap_or(UNKNOWN_MODEL);
+        let outcome = match select_pair(&snap, model, &policies, &input, label) {
             // An overload shed is final (SMG marks it terminal) and tells the client when to
             // come back; other selection failures may clear up on a retry.
             Err(e @ SelectError::Overloaded(_)) => Attempt::Refused(

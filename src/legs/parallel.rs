@@ -340,7 +340,7 @@ impl PdLabels {
             model: ctx
                 .model_label
                 .clone()
-                .unwrap_or_else(|| Arc::from("unknown")),
+                .unwrap_or_else(|| Arc::from(crate::metrics::UNKNOWN_MODEL)),
             runtime: pair.prefill.runtime().as_str(),
         }
     }

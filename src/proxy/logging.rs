@@ -37,7 +37,10 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
         .observe(elapsed.as_secs_f64());
 
     if let Some(Endpoint::Pd(route)) = &ctx.endpoint {
-        let model = ctx.model_label.as_deref().unwrap_or("unknown");
+        let model = ctx
+            .model_label
+            .as_deref()
+            .unwrap_or(crate::metrics::UNKNOWN_MODEL);
         let endpoint = route.metric_endpoint();
         METRICS
             .router_requests

@@ -92,7 +92,7 @@ fn publish_pool_sizes(all: &[Arc<Worker>]) {
             .models()
             .first()
             .cloned()
-            .unwrap_or_else(|| "unknown".into());
+            .unwrap_or_else(|| crate::metrics::UNKNOWN_MODEL.into());
         *seen
             .entry((w.role().as_str().to_string(), model))
             .or_insert(0) += 1;
