@@ -6,15 +6,16 @@
 //! * Mooncake: the prefill registers with its bootstrap server (`/register`, `/query`) and holds
 //!   the KV under the router-minted `transfer_id` until a decode pulls it (push model, order-free);
 //! * MoRI-IO READ (like NIXL, keyed by `transfer_id`, peers from request-id markers first) and
-//!   WRITE (the decode allocates blocks and waits for the prefill's push; a decode that goes away
-//!   first leaks its allocation, as vLLM#59382 describes).
+//!   WRITE (the decode allocates blocks and waits for the prefill's push; a decode aborted before
+//!   the push keeps its blocks until the push lands — vLLM's delayed free on `finished_recving` —
+//!   and forever when it never does, as vLLM#59382 describes).
 //!
 //! A handoff happens only when the prefill stopped at its length cap. The decode recomputes the
 //! last prompt token itself, from the state rebuilt out of the blocks it received.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -88,7 +89,9 @@ pub struct VllmState {
     mooncake: Mutex<Vec<Value>>,
     write_waits: Mutex<HashMap<String, WriteWait>>,
     early_writes: Mutex<HashMap<String, Vec<BlockContent>>>,
-    leaked: AtomicUsize,
+    /// WRITE allocations whose decode was aborted before the push landed, by transfer id: their
+    /// blocks stay held until the push arrives (locked inside `write_waits`, never the reverse).
+    held_allocs: Mutex<HashMap<String, usize>>,
     timers: Mutex<Arc<TaskGroup>>,
 }
 
@@ -105,7 +108,7 @@ impl VllmState {
             mooncake: Mutex::new(Vec::new()),
             write_waits: Mutex::new(HashMap::new()),
             early_writes: Mutex::new(HashMap::new()),
-            leaked: AtomicUsize::new(0),
+            held_allocs: Mutex::new(HashMap::new()),
             timers: Mutex::new(Arc::default()),
         }
     }
@@ -152,8 +155,13 @@ impl VllmState {
             .sum()
     }
 
+    /// Blocks of WRITE allocations held for a push that has not landed (their decode is gone).
     pub fn leaked_allocs(&self) -> usize {
-        self.leaked.load(Ordering::SeqCst)
+        self.held_allocs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum()
     }
 
     pub fn pinned_list(&self) -> Vec<Value> {
@@ -1012,7 +1020,11 @@ async fn moriio_read_load(
     Ok(Ok(blocks))
 }
 
-/// Frees a WRITE decode's allocation; an allocation dropped before its push leaks (vLLM#59382).
+/// Frees a WRITE decode's allocation. One aborted before its push (its entry still waiting in
+/// `write_waits`) is held until the push lands, as vLLM delays freeing an aborted request's blocks
+/// until `finished_recving`; a push that never comes leaks them (vLLM#59382). Whether the push
+/// landed is decided under the `write_waits` lock, where the push handler takes the entry, so a
+/// decode aborted between the push's delivery and its own read is not counted as a leak.
 struct WriteAllocGuard {
     shared: Arc<Shared>,
     tid: String,
@@ -1029,14 +1041,19 @@ impl Drop for WriteAllocGuard {
             .write_waits
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if w.get(&self.tid).is_some_and(|x| x.id == self.id) {
+        let unpushed = w.get(&self.tid).is_some_and(|x| x.id == self.id);
+        if unpushed {
             w.remove(&self.tid);
-        }
-        if !self.done {
-            self.shared
-                .vllm
-                .leaked
-                .fetch_add(self.blocks, Ordering::SeqCst);
+            if !self.done {
+                *self
+                    .shared
+                    .vllm
+                    .held_allocs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(self.tid.clone())
+                    .or_insert(0) += self.blocks;
+            }
         }
     }
 }
@@ -1230,35 +1247,48 @@ pub(crate) async fn side_channel(
             let tid = body["transfer_id"].as_str().unwrap_or("").to_string();
             let blocks: Vec<BlockContent> =
                 serde_json::from_value(body["blocks"].clone()).unwrap_or_default();
-            let waiter = shared
+            let mut waits = shared
                 .vllm
                 .write_waits
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&tid);
-            match waiter {
-                Some(w) if w.tx.send(blocks.clone()).is_ok() => server::text(200, "OK"),
-                _ => {
-                    // No allocation yet (sequential dispatch: the decode leg comes later).
-                    let mut early = shared
-                        .vllm
-                        .early_writes
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    early.insert(tid.clone(), blocks);
-                    let sh = shared.clone();
-                    let ttl = shared.cfg.abort_request_timeout;
-                    shared.groups.work.spawn(async move {
-                        tokio::time::sleep(ttl).await;
-                        sh.vllm
-                            .early_writes
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&tid);
-                    });
-                    server::text(200, "OK")
-                }
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(w) = waits.remove(&tid) {
+                drop(waits);
+                // Taken under the lock: the allocation counts as pushed even if its decode is
+                // aborted before it reads the blocks.
+                let _ = w.tx.send(blocks);
+                return server::text(200, "OK");
             }
+            let late = shared
+                .vllm
+                .held_allocs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&tid)
+                .is_some();
+            drop(waits);
+            if late {
+                // The decode was aborted before the push: the landed push frees its blocks.
+                return server::text(200, "OK");
+            }
+            // No allocation yet (sequential dispatch: the decode leg comes later).
+            shared
+                .vllm
+                .early_writes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(tid.clone(), blocks);
+            let sh = shared.clone();
+            let ttl = shared.cfg.abort_request_timeout;
+            shared.groups.work.spawn(async move {
+                tokio::time::sleep(ttl).await;
+                sh.vllm
+                    .early_writes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&tid);
+            });
+            server::text(200, "OK")
         }
         _ => server::text(404, "Not Found"),
     }
@@ -1377,6 +1407,13 @@ pub(crate) async fn restart(shared: &Arc<Shared>) {
     shared
         .vllm
         .early_writes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
+    // A new process: allocations held by the old one are gone with its memory.
+    shared
+        .vllm
+        .held_allocs
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clear();

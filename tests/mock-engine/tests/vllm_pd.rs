@@ -710,8 +710,8 @@ async fn vllm_moriio_write_sequential_concurrent_and_leak() {
         want
     );
     assert_eq!(d.stats().leaked_allocs, 0);
-    // A concurrent decode dropped before the push keeps its blocks (vLLM#59382).
-    let mut db = with_params(&body, minted);
+    // A concurrent decode dropped before the push keeps its blocks (vLLM#59382)...
+    let mut db = with_params(&body, minted.clone());
     db["kv_transfer_params"]["transfer_id"] = json!("xfer-w3");
     let d_url = format!("{}/v1/completions", d.api_url());
     let dtask = tokio::spawn(async move { post(&d_url, &db).await });
@@ -722,4 +722,28 @@ async fn vllm_moriio_write_sequential_concurrent_and_leak() {
             && e.rooms().is_empty())
             .await
     );
+    let held = d.stats().leaked_allocs;
+    // ...until its push lands (vLLM frees an aborted request's blocks on `finished_recving`).
+    let mut db = with_params(&body, minted);
+    db["kv_transfer_params"]["transfer_id"] = json!("xfer-w4");
+    let d_url = format!("{}/v1/completions", d.api_url());
+    let dtask = tokio::spawn(async move { post(&d_url, &db).await });
+    assert!(d.wait_for(SECS, |e| !e.rooms().is_empty()).await);
+    dtask.abort();
+    assert!(
+        d.wait_for(SECS, |e| e.stats().leaked_allocs > held
+            && e.rooms().is_empty())
+            .await
+    );
+    post(
+        &format!("{}/v1/completions", p.api_url()),
+        &prefill_leg(&body, tag("xfer-w4")),
+    )
+    .await;
+    assert_eq!(
+        d.stats().leaked_allocs,
+        held,
+        "the late push freed its allocation"
+    );
+    assert_eq!(p.stats().pinned_blocks, 0, "the late push was taken");
 }
