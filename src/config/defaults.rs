@@ -174,6 +174,10 @@ pub const WORKER_STARTUP_TIMEOUT_SECS: u64 = 1800;
 pub const WORKER_STARTUP_CHECK_INTERVAL_SECS: u64 = 30;
 /// SMG: `--worker-startup-delay`, seconds.
 pub const WORKER_STARTUP_DELAY_SECS: u64 = 0;
+/// pdgate: a worker that has never been healthy is re-probed after this, doubling per failed
+/// probe up to `worker_startup_check_interval`, so readiness follows an engine that comes up
+/// within a second instead of a whole interval later (SMG waits the full interval).
+pub const WORKER_STARTUP_FIRST_RETRY_MS: u64 = 500;
 
 // ---- Worker spec (`POST /workers` body) -------------------------------------------------------
 

@@ -6,6 +6,8 @@
 //! `pending → ready` on the first success (the registration probe), `pending → failed` when
 //! the startup timeout passes; `ready → not_ready` after F consecutive failures;
 //! `not_ready → ready` after S consecutive successes; `not_ready → failed` after 3·F.
+//! A `pending` worker is re-probed with a short doubling backoff (see [`startup_retry_after`]),
+//! not once per startup interval as SMG does.
 //! Deviation: a `failed` worker is still probed (at the normal interval) and returns to `ready`
 //! after S successes — an operator expects a restarted engine to come back without re-registering.
 
@@ -19,7 +21,7 @@ use pingora::services::background::BackgroundService;
 
 use super::intake;
 use super::worker::{Status, Worker};
-use crate::config::{HealthSettings, RuntimeType};
+use crate::config::{defaults, HealthSettings, RuntimeType};
 use crate::gateway::{Gateway, Settings};
 use crate::legs::client::LegClient;
 use crate::metrics::METRICS;
@@ -96,7 +98,7 @@ impl HealthChecker {
             }
         }
         let wait = if w.status() == Status::Pending {
-            s.startup_check_interval
+            startup_retry_after(st.consecutive_failures, s.startup_check_interval)
         } else {
             s.interval
         };
@@ -132,6 +134,16 @@ impl HealthChecker {
             );
         }
     }
+}
+
+/// When to probe a worker that has never been healthy again, after `failures` failed probes in
+/// a row: 0.5 s, doubling, capped at the startup check interval. Engines take minutes to load
+/// and are often started together with the gateway: a refused connection is cheap to retry, and
+/// the doubling keeps a dead address from being hammered.
+fn startup_retry_after(failures: u32, cap: Duration) -> Duration {
+    let first = Duration::from_millis(defaults::WORKER_STARTUP_FIRST_RETRY_MS);
+    let doublings = failures.saturating_sub(1).min(16);
+    first.saturating_mul(1 << doublings).min(cap.max(first))
 }
 
 /// The global health settings with the worker's own `health` overrides applied.
@@ -225,5 +237,35 @@ impl BackgroundService for HealthChecker {
                 _ = tokio::time::sleep(tick) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_never_healthy_worker_is_retried_soon_then_less_often() {
+        let cap = Duration::from_secs(30);
+        let waits: Vec<u64> = (1..=9)
+            .map(|f| startup_retry_after(f, cap).as_millis() as u64)
+            .collect();
+        assert_eq!(
+            waits,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
+        assert_eq!(startup_retry_after(u32::MAX, cap), cap);
+    }
+
+    #[test]
+    fn the_startup_retry_never_exceeds_a_short_interval_nor_goes_below_the_first_step() {
+        assert_eq!(
+            startup_retry_after(5, Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            startup_retry_after(3, Duration::ZERO),
+            Duration::from_millis(500)
+        );
     }
 }

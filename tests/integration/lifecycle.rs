@@ -502,3 +502,64 @@ async fn health_generate_checks_one_pair_and_names_the_failing_leg() {
     let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(msg.contains("decode") && !msg.contains("prefill"), "{msg}");
 }
+
+/// Engines started together with the gateway (a systemd unit, a pod) are not listening at its
+/// first probe. A worker that has never been healthy is re-probed with a short doubling backoff,
+/// so readiness follows the engines within seconds, not one startup interval (30 s) later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_whose_engines_start_after_the_gateway_are_ready_within_seconds() {
+    let configs = [
+        MockEngineConfig::test(EngineKind::Sglang, Role::Prefill, [127, 0, 10, 1]),
+        MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 10, 2]),
+    ];
+    // Learn each engine's ports, then stop it: the gateway starts before its engines.
+    let mut specs = Vec::new();
+    let mut later = Vec::new();
+    for cfg in configs {
+        let e = MockEngine::spawn(cfg.clone()).await.unwrap();
+        specs.push(e.worker_spec());
+        later.push(MockEngineConfig {
+            port: e.port(),
+            bootstrap_port: e.bootstrap_port().unwrap_or(0),
+            ..cfg
+        });
+        e.kill();
+    }
+    // SMG's default startup check interval, which the old code waited in full.
+    let gw = Gateway::start(&specs, "  worker_startup_check_interval: 30\n").await;
+    let probed_twice = |m: &str| {
+        ["prefill", "decode"].iter().all(|role| {
+            metric_value(
+                m,
+                "smg_worker_health_checks_total",
+                &[("worker_type", role), ("result", "failure")],
+            )
+            .is_some_and(|n| n >= 2.0)
+        })
+    };
+    let m = gw.metrics_when(probed_twice).await;
+    assert!(probed_twice(&m), "each worker was not probed twice:\n{m}");
+    assert_eq!(gw.get("/readiness").await.status, 503);
+
+    let mut engines = Vec::new();
+    for cfg in later {
+        engines.push(MockEngine::spawn(cfg).await.unwrap());
+    }
+    let up = std::time::Instant::now();
+    let mut ready = false;
+    // Well under the 30 s interval; the backoff has reached at most a few seconds by now.
+    while up.elapsed() < Duration::from_secs(15) {
+        if gw.get("/readiness").await.status == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    eprintln!("engines up -> gateway ready: {:?}", up.elapsed());
+    assert!(
+        ready,
+        "the gateway was not ready 15 s after its engines came up\n{}",
+        gw.get("/workers").await.text()
+    );
+    assert_eq!(gw.post("/generate", &generate()).await.status, 200);
+}
