@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod config;
 pub mod demo;
+pub mod drain;
 pub mod gateway;
 pub mod ledger;
 pub mod legs;

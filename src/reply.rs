@@ -111,6 +111,7 @@ pub async fn send(
     ctx.error_code = reply.error_code;
     ctx.response_started = true;
     let head_only = session.req_header().method == http::Method::HEAD;
+    crate::drain::DRAIN.close_if_draining(session);
     session.write_response_header(Box::new(h), false).await?;
     let body = if head_only { Bytes::new() } else { reply.body };
     session.write_response_body(Some(body), true).await

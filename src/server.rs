@@ -10,8 +10,10 @@ use pingora::listeners::{L4BufferSettings, ListenerConfig, DEFAULT_L4_WRITE_BUFF
 use pingora::server::configuration::Opt;
 use pingora::server::Server;
 use pingora::services::background::background_service;
+use pingora::services::listening::Service;
 
 use crate::config::LoadedConfig;
+use crate::drain::{DrainOnShutdown, DrainingApp, DRAIN};
 use crate::gateway::Gateway;
 use crate::proxy::{Listener, PdGateway};
 use crate::reload::ReloadOnHangup;
@@ -62,28 +64,31 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
 
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
+    DRAIN.set_idle_grace(std::time::Duration::from_secs(
+        server
+            .configuration
+            .grace_period_seconds
+            .unwrap_or(crate::config::defaults::PINGORA_GRACE_PERIOD_SECS),
+    ));
 
     let data = PdGateway {
         gw: gw.clone(),
         listener: Listener::Data,
     };
-    let mut proxy =
-        pingora::proxy::http_proxy_service_with_name(&server.configuration, data, "pdgate");
-    proxy.add_listener(client_listener(&listen));
-    server.add_service(proxy);
+    server.add_service(client_service(&server, data, "pdgate", &listen));
     if let Some(addr) = admin_addr {
         let admin = PdGateway {
             gw: gw.clone(),
             listener: Listener::Admin,
         };
-        let mut service = pingora::proxy::http_proxy_service_with_name(
-            &server.configuration,
-            admin,
-            "pdgate admin",
-        );
-        service.add_listener(client_listener(&addr));
-        server.add_service(service);
+        server.add_service(client_service(&server, admin, "pdgate admin", &addr));
     }
+    server.add_service(background_service(
+        "connection drain",
+        DrainOnShutdown {
+            phases: std::sync::Mutex::new(Some(server.watch_execution_phase())),
+        },
+    ));
 
     let mut prometheus = pingora_prometheus::prometheus_http_service();
     prometheus.add_tcp(&prometheus_addr);
@@ -99,6 +104,20 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     ));
     server.add_service(background_service("config reload", ReloadOnHangup { gw }));
     Ok(server)
+}
+
+/// A client-facing proxy service on `addr`, hosted so that its keep-alive connections drain
+/// without losing a request at an upgrade or shutdown (see `crate::drain`).
+fn client_service(
+    server: &Server,
+    app: PdGateway,
+    name: &str,
+    addr: &str,
+) -> Service<DrainingApp<PdGateway>> {
+    let proxy = pingora::proxy::http_proxy(&server.configuration, app);
+    let mut service = Service::new(name.to_string(), DrainingApp::new(proxy));
+    service.add_listener(client_listener(addr));
+    service
 }
 
 /// A client-facing listener without Pingora's 64 KiB per-connection read buffer. Plain HTTP/1.1

@@ -203,6 +203,8 @@ pub const MORIIO_NOTIFY_PORT: u16 = 61005;
 
 // ---- Process (`pdgate launch` only; `run -c` takes Pingora's own keys) -------------------------
 
+/// Pingora's own `grace_period_seconds` when a YAML file sets none (its `EXIT_TIMEOUT`).
+pub const PINGORA_GRACE_PERIOD_SECS: u64 = 300;
 /// SMG: `--shutdown-grace-period-secs`; becomes Pingora's `grace_period_seconds` under `launch`.
 pub const SHUTDOWN_GRACE_PERIOD_SECS: u64 = 180;
 /// SMG: `--log-level`.

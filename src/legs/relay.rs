@@ -123,6 +123,7 @@ pub async fn relay(
     };
     ctx.status = status;
     ctx.response_started = true;
+    crate::drain::DRAIN.close_if_draining(session);
     if session
         .write_response_header(Box::new(head), false)
         .await

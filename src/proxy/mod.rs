@@ -91,10 +91,11 @@ impl ProxyHttp for PdGateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        crate::drain::DRAIN.close_if_draining(session);
         upstream_peer::prepare_response(upstream, ctx)
     }
 

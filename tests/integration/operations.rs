@@ -1,13 +1,16 @@
 //! Operations under steady concurrent load: a SIGHUP reload that adds and removes workers, an
-//! invalid reload, `POST /reload`, and a graceful binary upgrade (SIGQUIT + `-u`) — each
-//! without losing a request or cutting a stream.
+//! invalid reload, `POST /reload`, a graceful binary upgrade (SIGQUIT + `-u`) and a graceful
+//! shutdown (SIGTERM) — each without losing a request or cutting a stream, with clients that
+//! open a connection per request and with keep-alive clients that reuse one.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use mock_engine::client::{KeepAlive, KeepAliveError};
 use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
+use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::harness::{free_port, metric_value, Gateway};
@@ -55,6 +58,99 @@ fn steady_load(
                             eprintln!("load request failed: {e}");
                             tally.failed.fetch_add(1, Ordering::Relaxed);
                         }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// What keep-alive clients saw.
+#[derive(Default)]
+struct KeepAliveTally {
+    ok: AtomicUsize,
+    /// Answers that carried `Connection: close` (the client then reconnects).
+    told_to_close: AtomicUsize,
+    streams_cut: AtomicUsize,
+    /// Requests sent on a connection that carried earlier ones and never answered in full: what
+    /// a pooled client loses when the server closes a keep-alive connection under it.
+    lost_on_reused: Mutex<Vec<String>>,
+    /// Requests that got no connection, or whose fresh connection failed: only expected once no
+    /// process listens any more (after SIGTERM).
+    refused: Mutex<Vec<String>>,
+    /// Non-200 answers.
+    failed: Mutex<Vec<String>>,
+}
+
+impl KeepAliveTally {
+    fn summary(&self) -> String {
+        let first = |v: &Mutex<Vec<String>>| {
+            let v = v.lock().unwrap();
+            format!("{} {:?}", v.len(), v.iter().take(3).collect::<Vec<_>>())
+        };
+        format!(
+            "ok {}, told to close {}, streams cut {}, lost on reused connections {}, refused {}, failed {}",
+            self.ok.load(Ordering::Relaxed),
+            self.told_to_close.load(Ordering::Relaxed),
+            self.streams_cut.load(Ordering::Relaxed),
+            first(&self.lost_on_reused),
+            first(&self.refused),
+            first(&self.failed),
+        )
+    }
+}
+
+/// `clients` keep-alive clients, each reusing one connection, sending the next request either at
+/// once or after a 1–60 ms pause (so connections sit idle at random moments), every other
+/// request streamed.
+fn keep_alive_load(
+    port: u16,
+    clients: usize,
+    stop: Arc<AtomicBool>,
+    tally: Arc<KeepAliveTally>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..clients)
+        .map(|i| {
+            let (stop, tally) = (stop.clone(), tally.clone());
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(0x6b65_6570 + i as u64);
+                let mut client = KeepAlive::new(([127, 0, 0, 1], port).into());
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let stream = (i + n) % 2 == 0;
+                    let body = json!({"model": "mock-model", "messages": [{"role": "user", "content": format!("keep-alive {i} {n}")}],
+                        "max_tokens": 6, "stream": stream});
+                    match client.post_json("/v1/chat/completions", &body).await {
+                        Ok(r) if r.status == 200 => {
+                            if r.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
+                                tally.told_to_close.fetch_add(1, Ordering::Relaxed);
+                            }
+                            if stream && !r.text().trim_end().ends_with("data: [DONE]") {
+                                tally.streams_cut.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                tally.ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Ok(r) => tally
+                            .failed
+                            .lock()
+                            .unwrap()
+                            .push(format!("{} {}", r.status, r.text())),
+                        Err(KeepAliveError::Exchange { reused: true, error }) => {
+                            tally.lost_on_reused.lock().unwrap().push(error)
+                        }
+                        Err(e) => {
+                            tally.refused.lock().unwrap().push(e.to_string());
+                            // Nobody listens: do not spin.
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                    // Half the time the next request goes out at once (racing a close the
+                    // server may be sending), else after an idle pause.
+                    if rng.gen_bool(0.5) {
+                        let pause = rng.gen_range(1..=60);
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
                     }
                 }
             })
@@ -312,4 +408,131 @@ async fn graceful_upgrade_hands_over_listeners_without_losing_requests() {
         "streams were cut by the upgrade"
     );
     assert_eq!(new.get("/readiness").await.status, 200);
+}
+
+/// The black-box finding: keep-alive clients lost requests with `ECONNRESET` when the old
+/// process closed idle connections they were already sending on. After the hand-over every
+/// answer carries `Connection: close`, idle connections keep being served through the grace
+/// period, and the last ones are half-closed and drained: nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_upgrade_loses_nothing_for_keep_alive_clients() {
+    let p = sglang(Role::Prefill, [127, 0, 4, 11]).await;
+    let d = sglang(Role::Decode, [127, 0, 4, 12]).await;
+    let (port, prom, dir) = (free_port(), free_port(), tmp());
+    let conf = dir.join(format!("upgrade-ka-{port}.yaml"));
+    std::fs::write(
+        &conf,
+        conf_text(port, prom, &dir, &[p.worker_spec(), d.worker_spec()], 3),
+    )
+    .unwrap();
+    let mut old = Gateway::spawn(
+        &conf,
+        port,
+        prom,
+        dir.join(format!("upgrade-ka-old-{port}.log")),
+    );
+    old.wait_ready().await;
+
+    let (stop, tally) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(KeepAliveTally::default()),
+    );
+    let clients = keep_alive_load(port, 16, stop.clone(), tally.clone());
+    while tally.ok.load(Ordering::Relaxed) < 60 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sock = dir.join(format!("upgrade-{port}.sock"));
+    let _ = std::fs::remove_file(&sock);
+    let new = Gateway::spawn_with(
+        &conf,
+        port,
+        prom,
+        dir.join(format!("upgrade-ka-new-{port}.log")),
+        &["-u"],
+    );
+    let listening = mock_engine::wait_until(Duration::from_secs(10), || sock.exists()).await;
+    assert!(listening, "the new process never opened {}", sock.display());
+    old.signal("QUIT");
+    let status = old.wait_exit(Duration::from_secs(30)).await;
+    assert!(
+        status.is_some(),
+        "the old process never exited\n{}",
+        old.log()
+    );
+    let base = tally.ok.load(Ordering::Relaxed);
+    while tally.ok.load(Ordering::Relaxed) < base + 60 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let summary = tally.summary();
+    eprintln!("keep-alive clients across the upgrade: {summary}");
+    assert!(
+        tally.lost_on_reused.lock().unwrap().is_empty()
+            && tally.refused.lock().unwrap().is_empty()
+            && tally.failed.lock().unwrap().is_empty()
+            && tally.streams_cut.load(Ordering::Relaxed) == 0,
+        "requests were lost across the upgrade: {summary}\nold:\n{}\nnew:\n{}",
+        old.log(),
+        new.log()
+    );
+    assert!(
+        tally.told_to_close.load(Ordering::Relaxed) > 0,
+        "no answer told a client to reconnect: {summary}"
+    );
+    assert!(
+        old.log().contains("draining client connections"),
+        "{}",
+        old.log()
+    );
+    assert_eq!(new.get("/readiness").await.status, 200);
+}
+
+/// SIGTERM: no process takes over, so new connections are refused once the listener closes;
+/// but a request a keep-alive client sends on its open connection is still answered (with
+/// `Connection: close`), and idle connections are closed without a race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_keep_alive_clients_before_closing_their_connections() {
+    let p = sglang(Role::Prefill, [127, 0, 4, 13]).await;
+    let d = sglang(Role::Decode, [127, 0, 4, 14]).await;
+    let (port, prom, dir) = (free_port(), free_port(), tmp());
+    let conf = dir.join(format!("term-ka-{port}.yaml"));
+    std::fs::write(
+        &conf,
+        conf_text(port, prom, &dir, &[p.worker_spec(), d.worker_spec()], 2),
+    )
+    .unwrap();
+    let mut gw = Gateway::spawn(&conf, port, prom, dir.join(format!("term-ka-{port}.log")));
+    gw.wait_ready().await;
+
+    let (stop, tally) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(KeepAliveTally::default()),
+    );
+    let clients = keep_alive_load(port, 16, stop.clone(), tally.clone());
+    while tally.ok.load(Ordering::Relaxed) < 60 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gw.signal("TERM");
+    let status = gw.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.is_some(), "the gateway never exited\n{}", gw.log());
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let summary = tally.summary();
+    eprintln!("keep-alive clients across SIGTERM: {summary}");
+    assert!(
+        tally.lost_on_reused.lock().unwrap().is_empty()
+            && tally.failed.lock().unwrap().is_empty()
+            && tally.streams_cut.load(Ordering::Relaxed) == 0,
+        "requests on open connections were lost at shutdown: {summary}\n{}",
+        gw.log()
+    );
+    assert!(
+        tally.told_to_close.load(Ordering::Relaxed) > 0,
+        "no answer told a client to reconnect: {summary}"
+    );
 }

@@ -338,3 +338,138 @@ pub fn get(
     let url = url.into();
     async move { request("GET", &url, &[], None).await }
 }
+
+/// Why a request on a [`KeepAlive`] connection failed.
+#[derive(Debug)]
+pub enum KeepAliveError {
+    /// No connection could be opened (nothing listens): the request never left the client.
+    Connect(io::Error),
+    /// The request was sent (or being sent) and no complete answer came back: the error of a
+    /// client whose server closed or reset the connection under it. `reused` tells whether the
+    /// connection had carried an earlier request.
+    Exchange { reused: bool, error: String },
+}
+
+impl std::fmt::Display for KeepAliveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeepAliveError::Connect(e) => write!(f, "connect: {e}"),
+            KeepAliveError::Exchange { reused, error } => {
+                write!(f, "exchange (reused connection: {reused}): {error}")
+            }
+        }
+    }
+}
+
+/// One client with one HTTP/1.1 keep-alive connection it reuses like a pooled client (aiohttp,
+/// `requests.Session`): it opens a new connection only when the server answered
+/// `Connection: close` or had closed the idle one before the next request went out, and it
+/// never retries a request that failed on the wire.
+pub struct KeepAlive {
+    addr: SocketAddr,
+    sender: Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
+    conn: Option<JoinHandle<()>>,
+    used: bool,
+    /// Connections opened so far.
+    pub connections: usize,
+}
+
+impl KeepAlive {
+    pub fn new(addr: SocketAddr) -> KeepAlive {
+        KeepAlive {
+            addr,
+            sender: None,
+            conn: None,
+            used: false,
+            connections: 0,
+        }
+    }
+
+    /// The connection to send on, taken out: the current one while it is open, else a new one.
+    async fn take_ready(
+        &mut self,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, KeepAliveError> {
+        if let Some(mut s) = self.sender.take() {
+            if s.ready().await.is_ok() {
+                return Ok(s);
+            }
+        }
+        if let Some(c) = self.conn.take() {
+            c.abort();
+        }
+        let stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(KeepAliveError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| KeepAliveError::Connect(io::Error::other(e.to_string())))?;
+        self.conn = Some(tokio::spawn(async move {
+            let _ = conn.await;
+        }));
+        self.used = false;
+        self.connections += 1;
+        Ok(sender)
+    }
+
+    /// POSTs `body` to `path` and reads the whole answer.
+    pub async fn post_json(
+        &mut self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<Response, KeepAliveError> {
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("host", self.addr.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("a valid request");
+        let mut sender = self.take_ready().await?;
+        let reused = std::mem::replace(&mut self.used, true);
+        let fail = |error: String| KeepAliveError::Exchange { reused, error };
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let headers: Vec<(String, String)> = resp
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .to_bytes();
+        let response = Response {
+            status,
+            headers,
+            body,
+        };
+        // Kept for the next request unless the server said this was its last; a connection the
+        // server closes later is noticed by `ready` before the next request goes out.
+        if !response
+            .header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+        {
+            self.sender = Some(sender);
+        }
+        Ok(response)
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.take() {
+            c.abort();
+        }
+    }
+}

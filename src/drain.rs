@@ -1,0 +1,223 @@
+//! Draining client connections at a graceful upgrade (SIGQUIT) or shutdown (SIGTERM) without
+//! losing a request a keep-alive client has already sent.
+//!
+//! Pingora 0.9.1, left to itself, drops every idle keep-alive connection the moment its shutdown
+//! starts (`HttpProxy::http_cleanup` wakes each session parked in `read_request` and drops it).
+//! A client that is sending its next request on such a connection at that moment gets a reset
+//! (unread data on close) or an EOF instead of an answer; the black-box run lost 5 of 300
+//! requests from 16 `aiohttp` keep-alive clients that way. So pdgate hosts its proxy services in
+//! [`DrainingApp`], which owns the wait between two requests of a connection:
+//!
+//! 1. **Drain starts** when the listeners have been handed to the new process (execution phase
+//!    `GracefulUpgradeCloseTimeout`) or, on SIGTERM, when the shutdown starts.
+//! 2. From then on every response whose head has not gone out carries `Connection: close`
+//!    ([`Drain::close_if_draining`]), so a client learns to reconnect (to the new process) from
+//!    an answer, never from a closed socket.
+//! 3. An idle connection keeps waiting for its next request for the grace period
+//!    (`grace_period_seconds`: the old process lives that long anyway); a request that arrives is
+//!    read and served, with `Connection: close`.
+//! 4. A connection still idle at the end is closed so that no client can race it: a half-close
+//!    (FIN) first, then its input is read and discarded until the client closes too (bounded by
+//!    [`LINGER`]), so the kernel never answers a late request with a reset.
+//!
+//! The proxy's own `http_cleanup` is never called: it would drop the idle sessions at once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::Stream;
+use pingora::proxy::{HttpProxy, ProxyHttp, Session};
+use pingora::server::{ExecutionPhase, ShutdownWatch};
+use pingora::services::background::BackgroundService;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
+
+/// How long a connection closed at the end of a drain is read from after its half-close,
+/// waiting for the client to close its side.
+pub const LINGER: Duration = Duration::from_secs(2);
+
+/// Pingora's keep-alive timeout for a new downstream connection (its `process_new` default).
+const NEW_CONNECTION_KEEPALIVE_SECS: u64 = 60;
+
+/// The drain state of the process (one process, one drain): read on every response head.
+pub static DRAIN: LazyLock<Drain> = LazyLock::new(Drain::new);
+
+pub struct Drain {
+    draining: AtomicBool,
+    /// When idle connections are closed: `None` until the drain starts.
+    idle_until: watch::Sender<Option<Instant>>,
+    /// How long idle connections may still bring a request once the drain started, ms.
+    idle_grace_ms: AtomicU64,
+}
+
+impl Drain {
+    fn new() -> Drain {
+        Drain {
+            draining: AtomicBool::new(false),
+            idle_until: watch::Sender::new(None),
+            idle_grace_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets how long idle connections may still bring a request once the drain started: the
+    /// process's grace period (Pingora's `grace_period_seconds`), which it lives anyway.
+    pub fn set_idle_grace(&self, grace: Duration) {
+        self.idle_grace_ms
+            .store(grace.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Starts the drain (the first call wins; later calls change nothing).
+    pub fn start(&self, why: &str) {
+        if self.draining.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let grace = Duration::from_millis(self.idle_grace_ms.load(Ordering::Relaxed));
+        log::info!(
+            "draining client connections ({why}): responses close their connection; idle \
+             connections close in {grace:?}"
+        );
+        self.idle_until.send_replace(Some(Instant::now() + grace));
+    }
+
+    /// Marks the response about to be written as the connection's last (`Connection: close`)
+    /// when the process is draining. Call before every response head goes out.
+    pub fn close_if_draining(&self, session: &mut Session) {
+        if self.is_draining() {
+            session.set_keepalive(None);
+        }
+    }
+
+    /// Resolves when idle connections must close (never, unless the drain started).
+    async fn idle_deadline(&self) {
+        let mut rx = self.idle_until.subscribe();
+        loop {
+            let at = *rx.borrow_and_update();
+            if let Some(at) = at {
+                tokio::time::sleep_until(at).await;
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Waits for the next request on an idle connection. `Some(stream)` when request bytes
+    /// arrived (nothing consumed); `None` when the client closed it, or the drain's idle deadline
+    /// passed (the connection is then closed without a race, see the module doc).
+    async fn next_request(&self, mut stream: Stream) -> Option<Stream> {
+        let mut first = [0u8; 1];
+        let arrived = tokio::select! {
+            // A request that is already there is served, whatever the deadline says.
+            biased;
+            peeked = stream.try_peek(&mut first) => peeked.unwrap_or(false),
+            _ = self.idle_deadline() => {
+                close_without_race(stream).await;
+                return None;
+            }
+        };
+        arrived.then_some(stream)
+    }
+}
+
+/// Half-closes `stream` and reads (discarding) until the client closes its side or [`LINGER`]
+/// passes, so a request the client sent meanwhile is not answered by a reset.
+async fn close_without_race(mut stream: Stream) {
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 512];
+    let _ = tokio::time::timeout(LINGER, async {
+        while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// A Pingora HTTP/1.1 proxy app hosted so that its connections drain gracefully: it replaces
+/// Pingora's `ServerApp` loop for plain HTTP/1.1 (pdgate listens neither with TLS nor h2c).
+pub struct DrainingApp<SV: ProxyHttp> {
+    proxy: Arc<HttpProxy<SV>>,
+}
+
+impl<SV: ProxyHttp> DrainingApp<SV> {
+    pub fn new(proxy: HttpProxy<SV>) -> DrainingApp<SV> {
+        DrainingApp {
+            proxy: Arc::new(proxy),
+        }
+    }
+}
+
+#[async_trait]
+impl<SV> ServerApp for DrainingApp<SV>
+where
+    SV: ProxyHttp + Send + Sync + 'static,
+    SV::CTX: Send + Sync,
+{
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        // Pipelining stays off (Pingora's default), so a connection handed back between two
+        // requests never holds bytes of the next one: waiting on the socket is enough.
+        let mut stream = DRAIN.next_request(stream).await?;
+        let mut settings: Option<HttpPersistentSettings> = None;
+        loop {
+            let mut session = ServerSession::new_http1(stream);
+            match settings.take() {
+                Some(s) => s.apply_to_session(&mut session),
+                None => session.set_keepalive(Some(NEW_CONNECTION_KEEPALIVE_SECS)),
+            }
+            let reused = self.proxy.process_new_http(session, shutdown).await?;
+            let (next, persistent) = reused.consume();
+            settings = persistent;
+            stream = DRAIN.next_request(next).await?;
+        }
+    }
+
+    /// Pingora stopped accepting on this service's listeners (its shutdown started): drain, but
+    /// leave the proxy's own cleanup alone (it would drop idle connections at once).
+    async fn cleanup(&self) {
+        DRAIN.start("shutdown");
+    }
+}
+
+/// Starts the drain as soon as the listeners have been handed to a new process, or a graceful
+/// shutdown began (Pingora's execution phases).
+pub struct DrainOnShutdown {
+    pub phases: std::sync::Mutex<Option<broadcast::Receiver<ExecutionPhase>>>,
+}
+
+#[async_trait]
+impl BackgroundService for DrainOnShutdown {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let taken = self.phases.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(mut phases) = taken else { return };
+        loop {
+            let phase = tokio::select! {
+                p = phases.recv() => p,
+                _ = shutdown.changed() => {
+                    DRAIN.start("shutdown");
+                    return;
+                }
+            };
+            match phase {
+                Ok(ExecutionPhase::GracefulUpgradeCloseTimeout) => {
+                    DRAIN.start("listeners handed to the new process");
+                }
+                Ok(ExecutionPhase::GracefulTerminate | ExecutionPhase::ShutdownStarted) => {
+                    DRAIN.start("graceful shutdown");
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+}
