@@ -388,7 +388,14 @@ async fn streams_start_on_both_heads_without_waiting_for_the_prefill_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompts_of_1mib_and_8mib_work_and_over_the_cap_is_413() {
-    let fleet = SglangFleet::start(|c| c.max_model_len = 4_000_000).await;
+    // The mocks' test timeouts (2 s to rendezvous) are shorter than an 8 MiB prompt may take
+    // on a loaded 2-core machine; the engines' real defaults are 300 s.
+    let fleet = SglangFleet::start(|c| {
+        c.max_model_len = 4_000_000;
+        c.bootstrap_timeout = Duration::from_secs(60);
+        c.waiting_timeout = Duration::from_secs(60);
+    })
+    .await;
     let gw = gateway_for(&fleet, "  max_payload_size: 10485760\n").await;
     for size in [1 << 20, 8 << 20] {
         let text = "word ".repeat(size / 5);
