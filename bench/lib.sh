@@ -45,10 +45,11 @@ build_binaries() {
   done
 }
 
-# start_pdgate NAME PORT PREFILL_POLICY WORKERS_YAML: writes $OUT/logs/NAME.yaml (metrics on
-# PORT+1, round_robin decode leg) and runs pdgate on it until ready; sets GW_PID.
+# start_pdgate NAME PORT PREFILL_POLICY WORKERS_YAML [EXTRA_YAML]: writes $OUT/logs/NAME.yaml
+# (metrics on PORT+1, round_robin decode leg unless EXTRA_YAML — more `gateway:` lines, indented
+# two spaces — sets `decode_policy`) and runs pdgate on it until ready; sets GW_PID.
 start_pdgate() {
-  local name=$1 port=$2 prefill_policy=$3 workers=$4
+  local name=$1 port=$2 prefill_policy=$3 workers=$4 extra=${5:-}
   port_free "$port" || die "port $port is busy (set PORT_BASE)"
   cat >"$OUT/logs/$name.yaml" <<EOF
 version: 1
@@ -66,6 +67,7 @@ gateway:
   policy: round_robin
   prefill_policy: $prefill_policy
   log_level: warn
+$extra
   workers:
 $workers
 EOF

@@ -30,6 +30,14 @@ pub async fn get_json(addr: SocketAddr, path: &str) -> Option<Value> {
     serde_json::from_slice(&body).ok()
 }
 
+/// A mock engine's model-route requests so far (`/mock/stats` `requests_total`).
+pub async fn requests_total(addr: SocketAddr) -> Option<u64> {
+    get_json(addr, "/mock/stats")
+        .await?
+        .get("requests_total")?
+        .as_u64()
+}
+
 /// `POST path` with an empty body; true on 2xx.
 pub async fn post(addr: SocketAddr, path: &str) -> bool {
     matches!(call(addr, "POST", path).await, Some((s, _)) if (200..300).contains(&s))

@@ -5,6 +5,7 @@
 //!   markdown table with pdgate's ratios to the others measured in the same run;
 //! * `hold`   — thousands of open streams at once: the gateway's RSS per open stream;
 //! * `prefix` — a shared-prefix multi-turn workload: the engines' prefix hit rate;
+//! * `share`  — a fixed number of requests: the share each engine served (a slow one first);
 //! * `policy` — the routing policies' micro-benchmark (`--features policy`).
 //!
 //! Loopback only, every run bounded in seconds. See bench/README.md.
@@ -16,6 +17,7 @@ mod load;
 mod prefix;
 mod procstat;
 mod report;
+mod share;
 mod stats;
 mod workload;
 
@@ -53,6 +55,8 @@ enum Command {
     Hold(HoldArgs),
     /// Shared-prefix multi-turn workload; reports the engines' prefix hit rate.
     Prefix(PrefixArgs),
+    /// A fixed number of requests; reports each engine's share (the slow engine first).
+    Share(ShareArgs),
     /// Routing-policy micro-benchmark (needs `--features policy`).
     Policy(PolicyArgs),
     /// Re-render the markdown table of a JSON-lines result file.
@@ -61,7 +65,7 @@ enum Command {
 
 #[derive(Args)]
 struct TableArgs {
-    /// `sweep`, `hold` or `prefix`.
+    /// `sweep`, `hold`, `prefix` or `share`.
     kind: String,
     /// The JSON-lines file written with `--json`.
     file: PathBuf,
@@ -203,6 +207,33 @@ struct PrefixArgs {
 }
 
 #[derive(Args)]
+struct ShareArgs {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    label: String,
+    #[arg(long, default_value_t = 150)]
+    requests: usize,
+    #[arg(long, default_value_t = 12)]
+    concurrency: usize,
+    #[arg(long, default_value = "/v1/chat/completions")]
+    path: String,
+    /// Tokens per answer: with an engine's `--itl-ms`, how long it takes to answer.
+    #[arg(long, default_value_t = 4)]
+    max_tokens: u32,
+    #[arg(long, default_value_t = 1024)]
+    prompt_bytes: usize,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+    /// Engine API URLs whose request counts are compared, the slow one first.
+    #[arg(long = "engine", required = true)]
+    engines: Vec<String>,
+    #[command(flatten)]
+    out: Output,
+}
+
+#[derive(Args)]
 struct PolicyArgs {
     /// Minimum measured time per cell and mode, ms.
     #[arg(long, default_value_t = 200)]
@@ -227,6 +258,7 @@ fn main() -> ExitCode {
         Command::Sweep(a) => rt.block_on(sweep(a)),
         Command::Hold(a) => rt.block_on(hold(a)),
         Command::Prefix(a) => rt.block_on(prefix_run(a)),
+        Command::Share(a) => rt.block_on(share_run(a)),
         Command::Policy(a) => policy(a),
         Command::Table(a) => table(a),
     };
@@ -374,6 +406,23 @@ async fn prefix_run(a: PrefixArgs) -> Result<(), String> {
     write_out(&a.out, &[r], &md)
 }
 
+async fn share_run(a: ShareArgs) -> Result<(), String> {
+    let spec = share::ShareSpec {
+        addr: parse_http_addr(&a.url)?,
+        label: a.label,
+        path: a.path,
+        body: workload::chat_body(a.prompt_bytes, a.max_tokens, false),
+        requests: a.requests,
+        concurrency: a.concurrency,
+        timeout: Duration::from_secs_f64(a.timeout),
+        engines: addrs(&a.engines)?,
+    };
+    let r = share::run(spec).await;
+    eprintln!("share: {r}");
+    let md = share::table(std::slice::from_ref(&r));
+    write_out(&a.out, &[r], &md)
+}
+
 fn table(a: TableArgs) -> Result<(), String> {
     let text =
         std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file.display()))?;
@@ -387,7 +436,12 @@ fn table(a: TableArgs) -> Result<(), String> {
         "sweep" => report::sweep_table(&rows, &a.roles.roles()),
         "hold" => hold::table(&rows),
         "prefix" => prefix::table(&rows),
-        o => return Err(format!("unknown table kind {o:?} (sweep | hold | prefix)")),
+        "share" => share::table(&rows),
+        o => {
+            return Err(format!(
+                "unknown table kind {o:?} (sweep | hold | prefix | share)"
+            ))
+        }
     };
     print!("{md}");
     Ok(())

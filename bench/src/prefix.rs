@@ -126,17 +126,10 @@ async fn send_all(addr: SocketAddr, bodies: Vec<Vec<u8>>) -> Tokens {
     t
 }
 
-async fn engine_requests(addr: SocketAddr) -> Option<u64> {
-    control::get_json(addr, "/mock/stats")
-        .await?
-        .get("requests_total")?
-        .as_u64()
-}
-
 pub async fn run(spec: PrefixSpec) -> Value {
     let mut before = Vec::new();
     for e in &spec.engines {
-        before.push(engine_requests(*e).await);
+        before.push(control::requests_total(*e).await);
     }
     let started = Instant::now();
     let mut first = Tokens::default();
@@ -172,7 +165,7 @@ pub async fn run(spec: PrefixSpec) -> Value {
     let elapsed = started.elapsed().as_secs_f64();
     let mut spread = Vec::new();
     for (i, e) in spec.engines.iter().enumerate() {
-        let after = engine_requests(*e).await;
+        let after = control::requests_total(*e).await;
         spread.push(match (before[i], after) {
             (Some(b), Some(a)) => json!(a - b),
             _ => Value::Null,

@@ -258,7 +258,8 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = defaults::LEAST_LOAD_DEFAULT_THROUGHPUT, help_heading = "Routing Policy")]
     pub least_load_default_throughput: f64,
 
-    /// least_load: prefill tokens credited per dispatch when the count is unknown.
+    /// least_load: prefill tokens credited per queued request when the count is unknown, and per
+    /// request in flight.
     #[arg(long, default_value_t = defaults::LEAST_LOAD_MEAN_PREFILL_TOKENS, help_heading = "Routing Policy")]
     pub least_load_mean_prefill_tokens: u32,
 

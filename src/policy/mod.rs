@@ -86,7 +86,8 @@ pub trait Policy: Send + Sync {
 #[derive(Clone, Copy, Debug)]
 pub struct Candidate<'a> {
     pub url: &'a str,
-    /// Requests the gateway has in flight to this worker (`smg_worker_requests_active`).
+    /// Requests the gateway has in flight to this worker (`smg_worker_requests_active`): live,
+    /// unlike `load`. The load-based policies weigh it on top of the report (least_load's doc).
     pub in_flight: usize,
     /// The engine's latest load report, `None` when it has none or the report is stale.
     pub load: Option<&'a EngineLoad>,
@@ -103,10 +104,6 @@ pub struct EngineLoad {
     pub waiting_uncached_tokens: Option<u64>,
     /// Generation throughput, tokens/s.
     pub gen_throughput: Option<f64>,
-    /// Requests the gateway dispatched to this worker since this report was taken. The registry
-    /// resets it when a new report arrives; least_load credits each as `mean_prefill_tokens` of
-    /// queued work so a stale report does not send a whole poll interval's traffic to one worker.
-    pub dispatched_since_report: u64,
 }
 
 /// What a policy may look at in the request. All borrowed; nothing is copied per request.
@@ -225,7 +222,8 @@ pub struct PolicyParams {
     pub least_load_kv_pressure_weight: f64,
     /// least_load: throughput (tokens/s) assumed when a worker reports none.
     pub least_load_default_throughput: f64,
-    /// least_load: prefill tokens credited per request when the count is unknown (p̄).
+    /// least_load: prefill tokens credited per request when the count is unknown (p̄), for queued
+    /// requests and for each request the gateway has in flight.
     pub least_load_mean_prefill_tokens: f64,
     /// least_load: skip workers reporting at least this many waiting requests; 0 is off.
     pub least_load_max_waiting_requests: u64,

@@ -2,6 +2,10 @@
 //! wins (spec §5). The score uses the built-in least-load defaults, not the `--least-load-*`
 //! flags, as in SMG. A single available worker is returned directly.
 //!
+//! The score is least_load's, so it includes the gateway's live in-flight count on top of the
+//! engine's report (see `least_load.rs`, "Why the in-flight term"): of two workers reporting the
+//! same, the one holding fewer of the gateway's requests wins.
+//!
 //! The "fleet" facts of the score (does anyone report, nominal throughput) are taken over the two
 //! sampled workers only, so selection is O(1) in the number of workers.
 
@@ -90,6 +94,27 @@ mod tests {
                 url: "cold",
                 in_flight: 7,
                 load: Some(&cold),
+            },
+        ];
+        for _ in 0..200 {
+            assert_eq!(p.select(&cands, &RoutingInput::default()), Some(1));
+        }
+    }
+
+    #[test]
+    fn power_of_two_prefers_idle_worker_over_one_with_requests_in_flight_and_an_empty_report() {
+        let p = PowerOfTwo::new();
+        let empty = EngineLoad::default();
+        let cands = [
+            Candidate {
+                url: "busy",
+                in_flight: 3,
+                load: Some(&empty),
+            },
+            Candidate {
+                url: "idle",
+                in_flight: 0,
+                load: Some(&empty),
             },
         ];
         for _ in 0..200 {

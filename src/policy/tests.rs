@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::fixtures::{fleet, idle};
+use super::fixtures::{fleet, idle, loaded};
 use super::*;
 
 fn prefill(name: PolicyName) -> Arc<dyn Policy> {
@@ -252,5 +252,60 @@ fn stateful_policies_keep_separate_state_per_leg() {
     // The decode instance has no affinity: min load, never the busy home.
     for _ in 0..50 {
         assert_ne!(decode_ca.select(&busy, &text), Some(home));
+    }
+}
+
+/// Three workers whose reports all say "empty"; worker 0 keeps every request it is given (a slow
+/// engine), the others finish theirs before the next pick. Returns worker 0's picks out of 300.
+fn picks_of_a_worker_that_keeps_its_requests(p: &dyn Policy) -> usize {
+    let urls = fleet(3);
+    let empty = EngineLoad::default();
+    let mut list = idle(&urls);
+    for c in &mut list {
+        c.load = Some(&empty);
+    }
+    let mut kept = 0;
+    for _ in 0..300 {
+        list[0].in_flight = kept;
+        if p.select(&list, &RoutingInput::default()) == Some(0) {
+            kept += 1;
+        }
+    }
+    kept
+}
+
+#[test]
+fn load_based_policies_send_nothing_more_to_a_worker_holding_requests_whose_report_says_empty() {
+    // Before the in-flight term, both gave worker 0 about a third (the reports tie).
+    for name in [PolicyName::LeastLoad, PolicyName::PowerOfTwo] {
+        let kept = picks_of_a_worker_that_keeps_its_requests(&*prefill(name));
+        // Its first pick may come from a three-way tie; after that it always has more in flight.
+        assert!(kept <= 1, "{name}: {kept} of 300 picks");
+    }
+}
+
+#[test]
+fn load_based_policies_order_equal_in_flight_counts_by_the_report() {
+    let urls = fleet(2);
+    let queued = EngineLoad {
+        waiting_requests: 2,
+        token_usage: 0.5,
+        ..Default::default()
+    };
+    let empty = EngineLoad::default();
+    for name in [PolicyName::LeastLoad, PolicyName::PowerOfTwo] {
+        let p = prefill(name);
+        for n in [0, 5] {
+            let mut list = loaded(&urls, &[n, n]);
+            list[0].load = Some(&queued);
+            list[1].load = Some(&empty);
+            for _ in 0..50 {
+                assert_eq!(
+                    p.select(&list, &RoutingInput::default()),
+                    Some(1),
+                    "{name}, {n} in flight on each"
+                );
+            }
+        }
     }
 }

@@ -66,7 +66,6 @@ pub fn parse_sglang_loads(v: &Value) -> Option<EngineLoad> {
             .filter(|t| *t > 0.0)
             .map(|t| t as u64),
         gen_throughput: sum("gen_throughput").filter(|t| *t > 0.0),
-        dispatched_since_report: 0,
     })
 }
 
@@ -98,7 +97,6 @@ pub fn parse_vllm_metrics(text: &str) -> Option<EngineLoad> {
         },
         waiting_uncached_tokens: None,
         gen_throughput: None,
-        dispatched_since_report: 0,
     })
 }
 

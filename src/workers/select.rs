@@ -235,14 +235,14 @@ fn incompatibility(snap: &Snapshot, prefill_ok: &[bool], decode_ok: &[bool]) -> 
 
 /// Runs `policy` over `list`; the index of its pick (after telling it the pick was taken).
 fn pick(policy: &dyn Policy, list: &[&Arc<Worker>], input: &RoutingInput<'_>) -> Option<usize> {
-    let loads: Vec<Option<EngineLoad>> = list.iter().map(|w| w.load()).collect();
+    let loads: Vec<Option<Arc<EngineLoad>>> = list.iter().map(|w| w.load()).collect();
     let cands: Vec<Candidate<'_>> = list
         .iter()
         .zip(&loads)
         .map(|(w, load)| Candidate {
             url: w.url(),
             in_flight: w.in_flight(),
-            load: load.as_ref(),
+            load: load.as_deref(),
         })
         .collect();
     let idx = policy.select(&cands, input)?;

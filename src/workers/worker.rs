@@ -5,7 +5,7 @@
 //! read on every selection without locks.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use arc_swap::ArcSwapOption;
 use std::sync::{Arc, OnceLock};
@@ -219,8 +219,6 @@ pub struct Worker {
     load: ArcSwapOption<EngineLoad>,
     /// At or above the overload thresholds in the latest report.
     overloaded: AtomicBool,
-    /// Requests dispatched since the latest report (credited by least_load).
-    dispatched: AtomicU64,
     active_gauge: IntGauge,
 }
 
@@ -264,7 +262,6 @@ impl Worker {
             breaker,
             load: ArcSwapOption::empty(),
             overloaded: AtomicBool::new(false),
-            dispatched: AtomicU64::new(0),
             active_gauge,
         });
         w.publish_health();
@@ -385,7 +382,6 @@ impl Worker {
     /// Records the load monitor's latest report (or its absence) and the overload verdict.
     pub fn set_load(&self, report: Option<EngineLoad>, overloaded: bool) {
         self.load.store(report.map(Arc::new));
-        self.dispatched.store(0, Ordering::Relaxed);
         self.overloaded.store(overloaded, Ordering::Relaxed);
     }
 
@@ -393,18 +389,14 @@ impl Worker {
         self.overloaded.load(Ordering::Relaxed)
     }
 
-    /// The latest load report with the dispatches made since, for the policies.
-    pub fn load(&self) -> Option<EngineLoad> {
-        let report = self.load.load_full()?;
-        let mut l = (*report).clone();
-        l.dispatched_since_report = self.dispatched.load(Ordering::Relaxed);
-        Some(l)
+    /// The latest load report, for the policies (they weigh it with [`Worker::in_flight`]).
+    pub fn load(&self) -> Option<Arc<EngineLoad>> {
+        self.load.load_full()
     }
 
     /// Counts one in-flight request until the returned guard drops. `keyed`: the request
     /// carries a sticky routing key (also counted in `smg_worker_routing_keys_active`).
     pub fn track(self: &Arc<Self>, keyed: bool) -> InFlight {
-        self.dispatched.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_gauge.inc();
         if keyed {
