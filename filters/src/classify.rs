@@ -177,6 +177,9 @@ fn generate_batch(input_ids: Option<&[u8]>, text: Option<&[u8]>) -> Result<Batch
         const EXPECTED: &str = "a list of token ids or a list of token-id lists";
         let shape = value::array_shape(raw).ok_or_else(|| wrong(fields::INPUT_IDS, EXPECTED))?;
         if shape.len > 0 && shape.all(Kind::Array) {
+            if !shape.all_nested(Kind::Integer) {
+                return Err(wrong(fields::INPUT_IDS, EXPECTED));
+            }
             return Ok(Some((fields::INPUT_IDS, shape.len)));
         }
         if !shape.all(Kind::Integer) {
@@ -212,7 +215,9 @@ fn completions_batch(prompt: Option<&[u8]>) -> Result<Batch, ClassifyError> {
             if shape.len == 0 || shape.all(Kind::Integer) {
                 // Empty (the engine rejects it) or one tokenized prompt.
                 Ok(None)
-            } else if shape.all(Kind::String) || shape.all(Kind::Array) {
+            } else if shape.all(Kind::String)
+                || (shape.all(Kind::Array) && shape.all_nested(Kind::Integer))
+            {
                 Ok(Some((fields::PROMPT, shape.len)))
             } else {
                 Err(wrong(fields::PROMPT, EXPECTED))
@@ -332,6 +337,18 @@ mod tests {
     }
 
     #[test]
+    fn generate_input_id_lists_hold_only_token_ids() {
+        for bad in [r#"[[1],["a"]]"#, "[[1,2.5]]", "[[[1]]]", "[[null]]"] {
+            let e = err(Route::Generate, &format!(r#"{{"input_ids":{bad}}}"#));
+            assert!(e.starts_with("field `input_ids`"), "{bad}: {e}");
+        }
+        assert_eq!(
+            ok(Route::Generate, r#"{"input_ids":[[1],[]]}"#).batch,
+            Some(2)
+        );
+    }
+
+    #[test]
     fn generate_text_list_is_a_batch_and_string_is_not() {
         assert_eq!(ok(Route::Generate, r#"{"text":["a","b"]}"#).batch, Some(2));
         assert_eq!(ok(Route::Generate, r#"{"text":["a"]}"#).batch, Some(1));
@@ -374,7 +391,17 @@ mod tests {
 
     #[test]
     fn completions_bad_prompt_shapes_are_rejected() {
-        for bad in [r#"["a",1]"#, r#"["a",[1]]"#, "5", "{}", "[null]"] {
+        for bad in [
+            r#"["a",1]"#,
+            r#"["a",[1]]"#,
+            "5",
+            "{}",
+            "[null]",
+            r#"[[1],["a"]]"#,
+            "[[1.5]]",
+            "[[[1]]]",
+            "true",
+        ] {
             let e = err(Route::Completions, &format!(r#"{{"prompt":{bad}}}"#));
             assert!(e.starts_with("field `prompt`"), "{bad}: {e}");
         }

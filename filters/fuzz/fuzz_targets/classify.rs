@@ -2,8 +2,9 @@
 //!
 //! Properties: for any JSON object and every route, `classify` returns exactly the facts (or the
 //! first wrong-typed field) that a plain reading of the documented rules gives — `null` is
-//! absent, last duplicate wins, `n` in 0..=1024, batch shapes per route capped at 65536, logprob
-//! switches per route, `request_id`/`rid`, the route's cap field — and never panics.
+//! absent, last duplicate wins, `n` in 0..=1024, batch shapes per route capped at 65536 (token-id
+//! lists hold only integers), logprob switches per route, `request_id`/`rid`, the route's cap
+//! field — and never panics.
 #![no_main]
 
 use std::collections::HashMap;
@@ -71,6 +72,9 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
             if let Some(raw) = get("input_ids") {
                 let els = elements(raw).ok_or("input_ids")?;
                 if !els.is_empty() && els.iter().all(|e| lit(e) == Lit::Array) {
+                    if !els.iter().all(|e| is_token_id_list(e)) {
+                        return Err("input_ids");
+                    }
                     Some(("input_ids", els.len()))
                 } else if els.iter().all(|e| lit(e) == Lit::Integer) {
                     None
@@ -102,7 +106,9 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
                     let all = |k| els.iter().all(|e| lit(e) == k);
                     if els.is_empty() || all(Lit::Integer) {
                         None
-                    } else if all(Lit::String) || all(Lit::Array) {
+                    } else if all(Lit::String)
+                        || (all(Lit::Array) && els.iter().all(|e| is_token_id_list(e)))
+                    {
                         Some(("prompt", els.len()))
                     } else {
                         return Err("prompt");
@@ -141,6 +147,11 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
         request_id,
         max_tokens_field: oracle_cap(route, f),
     })
+}
+
+/// An array whose elements are all integer literals.
+fn is_token_id_list(raw: &str) -> bool {
+    elements(raw).is_some_and(|els| els.iter().all(|e| lit(e) == Lit::Integer))
 }
 
 fn oracle_cap(route: Route, f: &Fields) -> Option<&'static str> {
