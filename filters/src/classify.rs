@@ -92,11 +92,12 @@ pub fn classify(route: Route, body: &[u8], top: &TopLevel) -> Result<RequestFact
         ),
     };
     let stream = read_bool(get(fields::STREAM), fields::STREAM)?.unwrap_or(false);
+    // `n: 0` asks for no sample at all; engines refuse it (OpenAI's range starts at 1).
     let n = match get(fields::N) {
         None => 1,
         Some(raw) => value::as_u64(raw)
-            .filter(|n| *n <= MAX_N)
-            .ok_or_else(|| wrong(fields::N, "an integer between 0 and 1024"))?,
+            .filter(|n| (1..=MAX_N).contains(n))
+            .ok_or_else(|| wrong(fields::N, "an integer between 1 and 1024"))?,
     };
 
     let batch = match route {
@@ -303,13 +304,16 @@ mod tests {
     }
 
     #[test]
-    fn n_must_be_a_bounded_non_negative_integer() {
-        for bad in ["-1", "2.0", "\"2\"", "1025", "true", "1e2"] {
+    fn n_must_be_an_integer_from_1_to_1024() {
+        for bad in ["0", "-1", "-0", "2.0", "\"2\"", "1025", "true", "1e2"] {
             let e = err(Route::ChatCompletions, &format!(r#"{{"n":{bad}}}"#));
-            assert!(e.starts_with("field `n` must be an integer"), "{bad}: {e}");
+            assert_eq!(
+                e, "field `n` must be an integer between 1 and 1024",
+                "{bad}"
+            );
         }
         assert_eq!(ok(Route::ChatCompletions, r#"{"n":1024}"#).n, 1024);
-        assert_eq!(ok(Route::ChatCompletions, r#"{"n":0}"#).n, 0);
+        assert_eq!(ok(Route::ChatCompletions, r#"{"n":1}"#).n, 1);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Properties: for any JSON object and every route, `classify` returns exactly the facts (or the
 //! first wrong-typed field) that a plain reading of the documented rules gives — `null` is
-//! absent, last duplicate wins, `n` in 0..=1024, batch shapes per route capped at 65536 (token-id
+//! absent, last duplicate wins, `n` in 1..=1024, batch shapes per route capped at 65536 (token-id
 //! lists hold only integers), logprob switches per route, `request_id`/`rid`, the route's cap
 //! field — and never panics.
 #![no_main]
@@ -65,7 +65,10 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
     let stream = boolean("stream")?;
     let n = match get("n") {
         None => 1,
-        Some(raw) => value_of(raw).as_u64().filter(|n| *n <= 1024).ok_or("n")?,
+        Some(raw) => value_of(raw)
+            .as_u64()
+            .filter(|n| (1..=1024).contains(n))
+            .ok_or("n")?,
     };
     let batch: Option<(&'static str, usize)> = match route {
         Route::Generate => {
