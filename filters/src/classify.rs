@@ -1,6 +1,7 @@
 //! What a PD request is: the facts the gateway plans with (model, stream, `n`, batch size,
 //! logprobs, request id, output-cap field), read once from the scanned client body, with a clear
-//! 400 message when a field it reads has the wrong JSON type.
+//! 400 message when a field it reads has the wrong JSON type — or when the body does not have
+//! the shape its route needs ([`crate::shape`], checked in the same call on the same scan).
 //!
 //! A JSON `null` counts as absent for every field read here (clients send explicit nulls).
 
@@ -10,6 +11,7 @@ use crate::body::TopLevel;
 use crate::errors::ErrorCode;
 use crate::fields;
 use crate::route::Route;
+use crate::shape::check_shape;
 use crate::value::{self, Kind};
 
 /// Largest `n` accepted. Well above any engine's sampling limit (OpenAI allows 128), it bounds
@@ -67,7 +69,8 @@ fn wrong(field: &'static str, expected: &'static str) -> ClassifyError {
     ClassifyError { field, expected }
 }
 
-/// Reads the request facts of `route` from its scanned body.
+/// Reads the request facts of `route` from its scanned body, then checks the body's shape
+/// ([`check_shape`]); the first wrong field is the error.
 ///
 /// Batch size (one bootstrap room per item):
 /// * `/generate`: `input_ids` a non-empty list of lists → its length; else `text` a non-empty
@@ -81,6 +84,12 @@ fn wrong(field: &'static str, expected: &'static str) -> ClassifyError {
 /// Logprobs: `/generate` `return_logprob: true`; chat `logprobs: true`; completions `logprobs`
 /// present and not `null`/`false` (it is an integer there, and 0 still asks for logprobs).
 pub fn classify(route: Route, body: &[u8], top: &TopLevel) -> Result<RequestFacts, ClassifyError> {
+    let facts = read_facts(route, body, top)?;
+    check_shape(route, body, top)?;
+    Ok(facts)
+}
+
+fn read_facts(route: Route, body: &[u8], top: &TopLevel) -> Result<RequestFacts, ClassifyError> {
     let get = |key: &str| top.get_non_null(body, key);
 
     let model = match get(fields::MODEL) {
@@ -233,9 +242,10 @@ mod tests {
     use super::*;
     use crate::body::scan_object;
 
+    /// The facts alone; [`classify`] also checks the shape (its own tests are in `shape`).
     fn facts(route: Route, body: &str) -> Result<RequestFacts, ClassifyError> {
         let top = scan_object(body.as_bytes()).unwrap();
-        classify(route, body.as_bytes(), &top)
+        read_facts(route, body.as_bytes(), &top)
     }
 
     fn ok(route: Route, body: &str) -> RequestFacts {
@@ -314,6 +324,32 @@ mod tests {
         }
         assert_eq!(ok(Route::ChatCompletions, r#"{"n":1024}"#).n, 1024);
         assert_eq!(ok(Route::ChatCompletions, r#"{"n":1}"#).n, 1);
+    }
+
+    #[test]
+    fn classify_refuses_a_body_of_the_wrong_shape_after_its_facts() {
+        let classify_str = |route, body: &str| {
+            let top = scan_object(body.as_bytes()).unwrap();
+            classify(route, body.as_bytes(), &top).map_err(|e| e.to_string())
+        };
+        let e = classify_str(
+            Route::ChatCompletions,
+            r#"{"model":"m","messages":"not-a-list"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "field `messages` must be a non-empty list of objects, each with a string `role`"
+        );
+        // A fact's own type error comes first.
+        let e = classify_str(Route::ChatCompletions, r#"{"model":1,"messages":5}"#).unwrap_err();
+        assert_eq!(e, "field `model` must be a string");
+        let f = classify_str(
+            Route::ChatCompletions,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}"#,
+        )
+        .unwrap();
+        assert_eq!((f.model.as_deref(), f.n, f.batch), (Some("m"), 2, Some(2)));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! first wrong-typed field) that a plain reading of the documented rules gives — `null` is
 //! absent, last duplicate wins, `n` in 1..=1024, batch shapes per route capped at 65536 (token-id
 //! lists hold only integers), logprob switches per route, `request_id`/`rid`, the route's cap
-//! field — and never panics.
+//! field, then the body's shape (`shape_oracle`) — and never panics.
 #![no_main]
 
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use pdgate_filters::classify::{
     cap_field, classify, ClassifyError, RequestFacts, MAX_BATCH, MAX_N,
 };
 use pdgate_filters::{scan_object, Route};
-use pdgate_filters_fuzz::{elements, lit, non_null, raw_fields, value_of, Lit};
+use pdgate_filters_fuzz::{elements, lit, non_null, raw_fields, shape_oracle, value_of, Lit};
 use serde_json::value::RawValue;
 
 fuzz_target!(|data: &[u8]| {
@@ -141,6 +141,7 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
         }
         None => None,
     };
+    shape_oracle(route, f)?;
     Ok(RequestFacts {
         model,
         stream,
