@@ -301,8 +301,9 @@ async fn wrong_typed_handoff_fields_are_replaced_never_forwarded() {
         );
     }
 
-    // A huge number in a field the gateway does not read is the engine's to judge: it reaches
-    // the engines, and their 400 reaches the client as a 400 (never a 5xx).
+    // A huge cap has the right shape (a non-negative integer); whether it fits the model is the
+    // engine's to judge: it reaches the engines, and their 400 reaches the client as a 400
+    // (never a 5xx).
     let huge = r#"{"model":"mock-model","prompt":"a","max_tokens":1234567890123456789012345678901234567890}"#;
     let r = post_raw(&gw, "/v1/completions", huge.as_bytes()).await;
     assert_eq!(r.status, 400, "{}", r.text());
