@@ -23,7 +23,7 @@ SECONDS_EACH=${FUZZ_SECONDS:-60}
 SANITIZER=${FUZZ_SANITIZER:-none}
 MAX_LEN=${FUZZ_MAX_LEN:-8192}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target/fuzz}
-ALL_TARGETS="scan_rewrite classify routing_text sglang_leg_body vllm_legs moriio sse logprobs errors framing"
+ALL_TARGETS="scan_rewrite classify shape routing_text sglang_leg_body vllm_legs moriio sse logprobs errors framing"
 TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

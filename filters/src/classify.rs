@@ -1,6 +1,7 @@
 //! What a PD request is: the facts the gateway plans with (model, stream, `n`, batch size,
 //! logprobs, request id, output-cap field), read once from the scanned client body, with a clear
-//! 400 message when a field it reads has the wrong JSON type.
+//! 400 message when a field it reads has the wrong JSON type — or when the body does not have
+//! the shape its route needs ([`crate::shape`], checked in the same call on the same scan).
 //!
 //! A JSON `null` counts as absent for every field read here (clients send explicit nulls).
 
@@ -10,6 +11,7 @@ use crate::body::TopLevel;
 use crate::errors::ErrorCode;
 use crate::fields;
 use crate::route::Route;
+use crate::shape::check_shape;
 use crate::value::{self, Kind};
 
 /// Largest `n` accepted. Well above any engine's sampling limit (OpenAI allows 128), it bounds
@@ -67,7 +69,8 @@ fn wrong(field: &'static str, expected: &'static str) -> ClassifyError {
     ClassifyError { field, expected }
 }
 
-/// Reads the request facts of `route` from its scanned body.
+/// Reads the request facts of `route` from its scanned body, then checks the body's shape
+/// ([`check_shape`]); the first wrong field is the error.
 ///
 /// Batch size (one bootstrap room per item):
 /// * `/generate`: `input_ids` a non-empty list of lists → its length; else `text` a non-empty
@@ -81,6 +84,12 @@ fn wrong(field: &'static str, expected: &'static str) -> ClassifyError {
 /// Logprobs: `/generate` `return_logprob: true`; chat `logprobs: true`; completions `logprobs`
 /// present and not `null`/`false` (it is an integer there, and 0 still asks for logprobs).
 pub fn classify(route: Route, body: &[u8], top: &TopLevel) -> Result<RequestFacts, ClassifyError> {
+    let facts = read_facts(route, body, top)?;
+    check_shape(route, body, top)?;
+    Ok(facts)
+}
+
+fn read_facts(route: Route, body: &[u8], top: &TopLevel) -> Result<RequestFacts, ClassifyError> {
     let get = |key: &str| top.get_non_null(body, key);
 
     let model = match get(fields::MODEL) {
@@ -92,11 +101,12 @@ pub fn classify(route: Route, body: &[u8], top: &TopLevel) -> Result<RequestFact
         ),
     };
     let stream = read_bool(get(fields::STREAM), fields::STREAM)?.unwrap_or(false);
+    // `n: 0` asks for no sample at all; engines refuse it (OpenAI's range starts at 1).
     let n = match get(fields::N) {
         None => 1,
         Some(raw) => value::as_u64(raw)
-            .filter(|n| *n <= MAX_N)
-            .ok_or_else(|| wrong(fields::N, "an integer between 0 and 1024"))?,
+            .filter(|n| (1..=MAX_N).contains(n))
+            .ok_or_else(|| wrong(fields::N, "an integer between 1 and 1024"))?,
     };
 
     let batch = match route {
@@ -177,6 +187,9 @@ fn generate_batch(input_ids: Option<&[u8]>, text: Option<&[u8]>) -> Result<Batch
         const EXPECTED: &str = "a list of token ids or a list of token-id lists";
         let shape = value::array_shape(raw).ok_or_else(|| wrong(fields::INPUT_IDS, EXPECTED))?;
         if shape.len > 0 && shape.all(Kind::Array) {
+            if !shape.all_nested(Kind::Integer) {
+                return Err(wrong(fields::INPUT_IDS, EXPECTED));
+            }
             return Ok(Some((fields::INPUT_IDS, shape.len)));
         }
         if !shape.all(Kind::Integer) {
@@ -212,7 +225,9 @@ fn completions_batch(prompt: Option<&[u8]>) -> Result<Batch, ClassifyError> {
             if shape.len == 0 || shape.all(Kind::Integer) {
                 // Empty (the engine rejects it) or one tokenized prompt.
                 Ok(None)
-            } else if shape.all(Kind::String) || shape.all(Kind::Array) {
+            } else if shape.all(Kind::String)
+                || (shape.all(Kind::Array) && shape.all_nested(Kind::Integer))
+            {
                 Ok(Some((fields::PROMPT, shape.len)))
             } else {
                 Err(wrong(fields::PROMPT, EXPECTED))
@@ -227,9 +242,10 @@ mod tests {
     use super::*;
     use crate::body::scan_object;
 
+    /// The facts alone; [`classify`] also checks the shape (its own tests are in `shape`).
     fn facts(route: Route, body: &str) -> Result<RequestFacts, ClassifyError> {
         let top = scan_object(body.as_bytes()).unwrap();
-        classify(route, body.as_bytes(), &top)
+        read_facts(route, body.as_bytes(), &top)
     }
 
     fn ok(route: Route, body: &str) -> RequestFacts {
@@ -298,13 +314,42 @@ mod tests {
     }
 
     #[test]
-    fn n_must_be_a_bounded_non_negative_integer() {
-        for bad in ["-1", "2.0", "\"2\"", "1025", "true", "1e2"] {
+    fn n_must_be_an_integer_from_1_to_1024() {
+        for bad in ["0", "-1", "-0", "2.0", "\"2\"", "1025", "true", "1e2"] {
             let e = err(Route::ChatCompletions, &format!(r#"{{"n":{bad}}}"#));
-            assert!(e.starts_with("field `n` must be an integer"), "{bad}: {e}");
+            assert_eq!(
+                e, "field `n` must be an integer between 1 and 1024",
+                "{bad}"
+            );
         }
         assert_eq!(ok(Route::ChatCompletions, r#"{"n":1024}"#).n, 1024);
-        assert_eq!(ok(Route::ChatCompletions, r#"{"n":0}"#).n, 0);
+        assert_eq!(ok(Route::ChatCompletions, r#"{"n":1}"#).n, 1);
+    }
+
+    #[test]
+    fn classify_refuses_a_body_of_the_wrong_shape_after_its_facts() {
+        let classify_str = |route, body: &str| {
+            let top = scan_object(body.as_bytes()).unwrap();
+            classify(route, body.as_bytes(), &top).map_err(|e| e.to_string())
+        };
+        let e = classify_str(
+            Route::ChatCompletions,
+            r#"{"model":"m","messages":"not-a-list"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "field `messages` must be a non-empty list of objects, each with a string `role`"
+        );
+        // A fact's own type error comes first.
+        let e = classify_str(Route::ChatCompletions, r#"{"model":1,"messages":5}"#).unwrap_err();
+        assert_eq!(e, "field `model` must be a string");
+        let f = classify_str(
+            Route::ChatCompletions,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}"#,
+        )
+        .unwrap();
+        assert_eq!((f.model.as_deref(), f.n, f.batch), (Some("m"), 2, Some(2)));
     }
 
     #[test]
@@ -329,6 +374,18 @@ mod tests {
     fn generate_mixed_input_ids_is_rejected() {
         assert!(err(Route::Generate, r#"{"input_ids":[1,[2]]}"#).contains("input_ids"));
         assert!(err(Route::Generate, r#"{"input_ids":"12"}"#).contains("input_ids"));
+    }
+
+    #[test]
+    fn generate_input_id_lists_hold_only_token_ids() {
+        for bad in [r#"[[1],["a"]]"#, "[[1,2.5]]", "[[[1]]]", "[[null]]"] {
+            let e = err(Route::Generate, &format!(r#"{{"input_ids":{bad}}}"#));
+            assert!(e.starts_with("field `input_ids`"), "{bad}: {e}");
+        }
+        assert_eq!(
+            ok(Route::Generate, r#"{"input_ids":[[1],[]]}"#).batch,
+            Some(2)
+        );
     }
 
     #[test]
@@ -374,7 +431,17 @@ mod tests {
 
     #[test]
     fn completions_bad_prompt_shapes_are_rejected() {
-        for bad in [r#"["a",1]"#, r#"["a",[1]]"#, "5", "{}", "[null]"] {
+        for bad in [
+            r#"["a",1]"#,
+            r#"["a",[1]]"#,
+            "5",
+            "{}",
+            "[null]",
+            r#"[[1],["a"]]"#,
+            "[[1.5]]",
+            "[[[1]]]",
+            "true",
+        ] {
             let e = err(Route::Completions, &format!(r#"{{"prompt":{bad}}}"#));
             assert!(e.starts_with("field `prompt`"), "{bad}: {e}");
         }

@@ -91,7 +91,8 @@ catalogue! {
     MoriioHandoffInvalid = "moriio_handoff_invalid", 502;
     /// The body is not valid JSON.
     JsonParseError = "json_parse_error", 400;
-    /// The body is JSON but a field has the wrong type or range (or it is not an object).
+    /// The body is JSON but a field has the wrong type or range, a required one is missing (see
+    /// `shape`), or it is not an object.
     InvalidRequest = "invalid_request", 400;
     /// `/generate` without a model where one is required.
     MissingModel = "missing_model", 400;

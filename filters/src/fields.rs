@@ -18,9 +18,19 @@ pub const MAX_OUTPUT_TOKENS: &str = "max_output_tokens";
 /// vLLM minimum-output fields (a minimum above the one-token prefill cap is a 400).
 pub const MIN_TOKENS: &str = "min_tokens";
 pub const MIN_COMPLETION_TOKENS: &str = "min_completion_tokens";
-/// SGLang `/generate` inputs.
+/// SGLang `/generate` inputs (one of them is required).
 pub const INPUT_IDS: &str = "input_ids";
 pub const TEXT: &str = "text";
+pub const INPUT_EMBEDS: &str = "input_embeds";
+/// SGLang `/generate` sampling parameters (an object) and the members of it the gateway checks.
+pub const SAMPLING_PARAMS: &str = "sampling_params";
+pub const MAX_NEW_TOKENS: &str = "max_new_tokens";
+/// Sampling temperature and nucleus mass (OpenAI/Anthropic top level, SGLang `sampling_params`).
+pub const TEMPERATURE: &str = "temperature";
+pub const TOP_P: &str = "top_p";
+/// Chat and Anthropic conversation, and the member every message must have.
+pub const MESSAGES: &str = "messages";
+pub const ROLE: &str = "role";
 /// SGLang `/generate` prompt logprobs switch.
 pub const RETURN_LOGPROB: &str = "return_logprob";
 /// SGLang `/generate` request id (a string, or a list for batches).

@@ -18,6 +18,7 @@ pub mod json;
 pub mod logprobs;
 pub mod route;
 pub mod routing_text;
+pub mod shape;
 pub mod sse;
 pub mod value;
 

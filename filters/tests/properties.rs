@@ -1,6 +1,6 @@
 //! Property tests of the hot-path transforms: they never panic on hostile bytes, validate JSON
-//! exactly like serde_json, rewrite without losing or inventing data, and read SSE streams the
-//! same way whatever the chunking.
+//! exactly like serde_json, rewrite without losing or inventing data, read SSE streams the
+//! same way whatever the chunking, and accept exactly the request bodies of the right shape.
 
 use pdgate_filters::body::{rewrite, scan_object, BodyError};
 use pdgate_filters::classify::classify;
@@ -11,6 +11,7 @@ use pdgate_filters::handoff::vllm;
 use pdgate_filters::logprobs::{self, PrefillLogprobs};
 use pdgate_filters::route::Route;
 use pdgate_filters::sse::{self, DoneDetector, SseSplitter};
+use pdgate_filters::value;
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
@@ -134,6 +135,326 @@ fn arb_sse_stream() -> impl Strategy<Value = Vec<u8>> {
     let pieces = prop::collection::vec(piece, 0..40).prop_map(|ps| ps.concat());
     let bytes = prop::collection::vec(prop::sample::select(&b"\r\n\r\ndata: [DONE]x:"[..]), 0..80);
     prop_oneof![pieces, bytes]
+}
+
+/// Top-level keys no rule reads (every name the gateway knows lacks the `x_` prefix), with any
+/// value — including values that would break a rule if they sat under a checked name.
+fn unknown_fields() -> impl Strategy<Value = Vec<(String, Value)>> {
+    let value = prop_oneof![
+        arb_json(),
+        Just(serde_json::json!({"messages": "not-a-list", "max_tokens": -1, "role": 5})),
+        Just(Value::from(-1)),
+    ];
+    prop::collection::vec(("x_[a-z_]{0,8}", value), 0..4)
+}
+
+fn object(entries: impl IntoIterator<Item = (String, Value)>) -> Value {
+    Value::Object(entries.into_iter().collect())
+}
+
+/// `Some` entries of `fields`, in order.
+fn present(fields: Vec<(&str, Option<Value>)>) -> Vec<(String, Value)> {
+    fields
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_owned(), v?)))
+        .collect()
+}
+
+/// A binary fraction in `lo..hi` (exact in JSON text), or an integer in that range.
+fn number_in(lo: f64, hi: f64) -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (lo..=hi).prop_map(|f| Value::from((f * 64.0).floor() / 64.0)),
+        ((lo.ceil() as u64)..=(hi.floor() as u64)).prop_map(Value::from),
+    ]
+}
+
+/// A valid value, or an explicit `null` (which counts as absent), or nothing.
+fn maybe(value: impl Strategy<Value = Value>) -> impl Strategy<Value = Option<Value>> {
+    prop::option::of(prop_oneof![4 => value, 1 => Just(Value::Null)])
+}
+
+fn count() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (0u64..=4).prop_map(Value::from),
+        any::<u64>().prop_map(Value::from)
+    ]
+}
+
+fn messages() -> impl Strategy<Value = Value> {
+    let message =
+        ("[a-z]{1,9}", arb_json(), unknown_fields()).prop_map(|(role, content, extra)| {
+            let mut m = vec![("role".to_owned(), Value::from(role))];
+            m.push(("content".to_owned(), content));
+            m.extend(extra);
+            object(m)
+        });
+    prop::collection::vec(message, 1..4).prop_map(Value::Array)
+}
+
+/// What every route reads for its facts, valid.
+fn facts_fields() -> impl Strategy<Value = Vec<(String, Value)>> {
+    (
+        maybe("[a-z0-9-]{1,8}".prop_map(Value::from)),
+        maybe(any::<bool>().prop_map(Value::from)),
+        maybe((1u64..=4).prop_map(Value::from)),
+    )
+        .prop_map(|(model, stream, n)| {
+            present(vec![("model", model), ("stream", stream), ("n", n)])
+        })
+}
+
+/// A request body of the right shape for its route, as an entry list (no duplicate keys).
+fn valid_body() -> impl Strategy<Value = (Route, Vec<(String, Value)>)> {
+    let sampling = || (maybe(number_in(0.0, 4.0)), maybe(number_in(0.0, 1.0)));
+    let chat = (messages(), maybe(count()), maybe(count()), sampling()).prop_map(
+        |(m, cap, cap2, (t, p))| {
+            let f = vec![
+                ("messages", Some(m)),
+                ("max_tokens", cap),
+                ("max_completion_tokens", cap2),
+                ("temperature", t),
+                ("top_p", p),
+            ];
+            (Route::ChatCompletions, present(f))
+        },
+    );
+    let anthropic = (messages(), 1u64.., sampling()).prop_map(|(m, cap, (t, p))| {
+        let f = vec![
+            ("messages", Some(m)),
+            ("max_tokens", Some(Value::from(cap))),
+            ("temperature", t),
+            ("top_p", p),
+        ];
+        (Route::Messages, present(f))
+    });
+    let prompt = prop_oneof![
+        "[a-z ]{0,8}".prop_map(Value::from),
+        prop::collection::vec("[a-z]{0,4}".prop_map(Value::from), 0..3).prop_map(Value::Array),
+        prop::collection::vec(any::<u32>().prop_map(Value::from), 0..3).prop_map(Value::Array),
+        prop::collection::vec(
+            prop::collection::vec(any::<u32>().prop_map(Value::from), 0..3).prop_map(Value::Array),
+            1..3
+        )
+        .prop_map(Value::Array),
+    ];
+    let embeds = prop_oneof![
+        "[A-Za-z0-9+/=]{0,8}".prop_map(Value::from),
+        prop::collection::vec("[A-Za-z0-9+/=]{0,8}".prop_map(Value::from), 0..3)
+            .prop_map(Value::Array),
+    ];
+    let completions = (prompt, maybe(embeds), maybe(count()), sampling()).prop_map(
+        |(prompt, embeds, cap, (t, p))| {
+            // Without `prompt_embeds`, the prompt is required.
+            let prompt = if embeds.as_ref().is_some_and(|e| !e.is_null()) {
+                None
+            } else {
+                Some(prompt)
+            };
+            let f = vec![
+                ("prompt", prompt),
+                ("prompt_embeds", embeds),
+                ("max_tokens", cap),
+                ("temperature", t),
+                ("top_p", p),
+            ];
+            (Route::Completions, present(f))
+        },
+    );
+    let input = prop_oneof![
+        "[a-z ]{0,8}".prop_map(|t| ("text", Value::from(t))),
+        prop::collection::vec(any::<u32>().prop_map(Value::from), 0..3)
+            .prop_map(|ids| ("input_ids", Value::Array(ids))),
+        Just(("input_embeds", serde_json::json!([[0.5, -1.0]]))),
+    ];
+    let sampling_params =
+        (maybe(count()), sampling(), unknown_fields()).prop_map(|(cap, (t, p), extra)| {
+            let mut f = present(vec![
+                ("max_new_tokens", cap),
+                ("temperature", t),
+                ("top_p", p),
+            ]);
+            f.extend(extra);
+            object(f)
+        });
+    let generate = (input, maybe(sampling_params)).prop_map(|((key, input), sp)| {
+        let f = vec![(key, Some(input)), ("sampling_params", sp)];
+        (Route::Generate, present(f))
+    });
+    let responses = ("[a-z]{0,8}", maybe(count())).prop_map(|(input, cap)| {
+        let f = vec![
+            ("input", Some(Value::from(input))),
+            ("max_output_tokens", cap),
+        ];
+        (Route::Responses, present(f))
+    });
+    let body = prop_oneof![chat, anthropic, completions, generate, responses];
+    (body, facts_fields()).prop_map(|((route, mut fields), facts)| {
+        fields.extend(facts);
+        (route, fields)
+    })
+}
+
+/// JSON kinds, to build a value of a kind a field does not take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JsonKind {
+    String,
+    Integer,
+    Float,
+    Bool,
+    Array,
+    Object,
+}
+
+const KINDS: [JsonKind; 6] = [
+    JsonKind::String,
+    JsonKind::Integer,
+    JsonKind::Float,
+    JsonKind::Bool,
+    JsonKind::Array,
+    JsonKind::Object,
+];
+
+fn value_of_kind(kind: JsonKind) -> BoxedStrategy<Value> {
+    match kind {
+        JsonKind::String => "[a-z0-9 ]{0,6}".prop_map(Value::from).boxed(),
+        JsonKind::Integer => any::<i64>().prop_map(Value::from).boxed(),
+        // serde_json writes every f64 with a fraction or an exponent (`2.0`, `1e20`).
+        JsonKind::Float => (-1e6f64..1e6).prop_map(Value::from).boxed(),
+        JsonKind::Bool => any::<bool>().prop_map(Value::from).boxed(),
+        JsonKind::Array => prop::collection::vec(arb_json(), 0..3)
+            .prop_map(Value::Array)
+            .boxed(),
+        JsonKind::Object => prop::collection::vec(("[a-z]{1,4}", arb_json()), 0..3)
+            .prop_map(object)
+            .boxed(),
+    }
+}
+
+/// A field a rule checks: where it is (a member of `sampling_params` when `nested`), the name a
+/// refusal gives, and the JSON kinds it takes.
+#[derive(Clone, Copy, Debug)]
+struct Checked {
+    key: &'static str,
+    nested: bool,
+    name: &'static str,
+    kinds: &'static [JsonKind],
+}
+
+const fn top(key: &'static str, kinds: &'static [JsonKind]) -> Checked {
+    Checked {
+        key,
+        nested: false,
+        name: key,
+        kinds,
+    }
+}
+
+const INTEGER: &[JsonKind] = &[JsonKind::Integer];
+const NUMBER: &[JsonKind] = &[JsonKind::Integer, JsonKind::Float];
+const TEXT_OR_LIST: &[JsonKind] = &[JsonKind::String, JsonKind::Array];
+
+/// The fields `classify` checks on `route`, given the body's input field (`/generate`).
+fn checked_fields(route: Route, body: &[(String, Value)]) -> Vec<Checked> {
+    let mut out = vec![
+        top("model", &[JsonKind::String]),
+        top("stream", &[JsonKind::Bool]),
+        top("n", INTEGER),
+    ];
+    let sampling = [top("temperature", NUMBER), top("top_p", NUMBER)];
+    match route {
+        Route::ChatCompletions => {
+            out.push(top("messages", &[JsonKind::Array]));
+            out.push(top("max_tokens", INTEGER));
+            out.push(top("max_completion_tokens", INTEGER));
+            out.extend(sampling);
+        }
+        Route::Messages => {
+            out.push(top("messages", &[JsonKind::Array]));
+            out.push(top("max_tokens", INTEGER));
+            out.extend(sampling);
+        }
+        Route::Completions => {
+            out.push(top("max_tokens", INTEGER));
+            out.push(top("prompt_embeds", TEXT_OR_LIST));
+            if body.iter().any(|(k, _)| k == "prompt") {
+                out.push(top("prompt", TEXT_OR_LIST));
+            }
+            out.extend(sampling);
+        }
+        Route::Generate => {
+            let input = &body[0].0;
+            out.push(match input.as_str() {
+                "text" => top("text", TEXT_OR_LIST),
+                "input_ids" => top("input_ids", &[JsonKind::Array]),
+                _ => top("input_embeds", &[JsonKind::Array]),
+            });
+            out.push(top("sampling_params", &[JsonKind::Object]));
+            for (key, name, kinds) in [
+                ("max_new_tokens", "sampling_params.max_new_tokens", INTEGER),
+                ("temperature", "sampling_params.temperature", NUMBER),
+                ("top_p", "sampling_params.top_p", NUMBER),
+            ] {
+                out.push(Checked {
+                    key,
+                    nested: true,
+                    name,
+                    kinds,
+                });
+            }
+        }
+        Route::Responses => out.push(top("max_output_tokens", INTEGER)),
+        Route::Rerank | Route::CountTokens => {}
+    }
+    out
+}
+
+/// `body` with `field` set to `value` (added when absent; `sampling_params` made an object).
+fn with_field(
+    mut body: Vec<(String, Value)>,
+    field: Checked,
+    value: Value,
+) -> Vec<(String, Value)> {
+    let set = |entries: &mut Vec<(String, Value)>, key: &str, value: Value| match entries
+        .iter_mut()
+        .find(|(k, _)| k == key)
+    {
+        Some(entry) => entry.1 = value,
+        None => entries.push((key.to_owned(), value)),
+    };
+    if field.nested {
+        let mut members = match body.iter().find(|(k, _)| k == "sampling_params") {
+            Some((_, Value::Object(m))) => m.clone().into_iter().collect(),
+            _ => Vec::new(),
+        };
+        set(&mut members, field.key, value);
+        set(&mut body, "sampling_params", object(members));
+    } else {
+        set(&mut body, field.key, value);
+    }
+    body
+}
+
+/// The body as JSON text, unknown fields spliced in at `at` (so they land between checked ones).
+fn body_text(body: &[(String, Value)], unknown: &[(String, Value)], at: usize) -> Vec<u8> {
+    let mut entries: Vec<&(String, Value)> = body.iter().collect();
+    let at = at % (entries.len() + 1);
+    entries.splice(at..at, unknown.iter());
+    let mut out = b"{".to_vec();
+    for (i, (k, v)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend(serde_json::to_vec(k).unwrap());
+        out.push(b':');
+        out.extend(serde_json::to_vec(v).unwrap());
+    }
+    out.push(b'}');
+    out
+}
+
+fn verdict(route: Route, body: &[u8]) -> Result<(), &'static str> {
+    let top = scan_object(body).unwrap();
+    classify(route, body, &top).map(drop).map_err(|e| e.field)
 }
 
 fn chunked(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
@@ -431,5 +752,65 @@ proptest! {
         prop_assert_eq!(out, payloads.concat());
         // What is left is exactly what followed the body.
         prop_assert_eq!(&buf[..], &wire[body_len..at]);
+    }
+
+    #[test]
+    fn member_reads_agree_with_serde_json(v in arb_json(), pretty in any::<bool>(), k in key()) {
+        let text = if pretty {
+            serde_json::to_vec_pretty(&v).unwrap()
+        } else {
+            serde_json::to_vec(&v).unwrap()
+        };
+        let member = |raw: Option<&[u8]>| raw.map(|r| serde_json::from_slice::<Value>(r).unwrap());
+        prop_assert_eq!(member(value::object_get(&text, &k)), v.as_object().and_then(|o| o.get(&k)).cloned());
+        let mut got = Vec::new();
+        let is_array = value::for_each_element_member(&text, &k, |m| {
+            got.push(member(m));
+            true
+        });
+        prop_assert_eq!(is_array, v.is_array());
+        if let Value::Array(els) = &v {
+            let want: Vec<Option<Value>> =
+                els.iter().map(|e| e.as_object().and_then(|o| o.get(&k)).cloned()).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn bodies_of_the_right_shape_are_accepted_whatever_unknown_fields_they_carry(
+        (route, body) in valid_body(), unknown in unknown_fields(), at in any::<usize>(),
+    ) {
+        let plain = body_text(&body, &[], 0);
+        prop_assert_eq!(verdict(route, &plain), Ok(()), "{}", String::from_utf8_lossy(&plain));
+        let with_unknown = body_text(&body, &unknown, at);
+        prop_assert_eq!(
+            verdict(route, &with_unknown), Ok(()), "{}", String::from_utf8_lossy(&with_unknown)
+        );
+    }
+
+    #[test]
+    fn a_checked_field_of_a_wrong_json_kind_is_refused_by_name(
+        (route, body, field, bad) in valid_body().prop_flat_map(|(route, body)| {
+            let fields = checked_fields(route, &body);
+            (Just(route), Just(body), prop::sample::select(fields)).prop_flat_map(
+                |(route, body, field)| {
+                    let wrong: Vec<JsonKind> =
+                        KINDS.into_iter().filter(|k| !field.kinds.contains(k)).collect();
+                    let bad = prop::sample::select(wrong).prop_flat_map(value_of_kind);
+                    (Just(route), Just(body), Just(field), bad)
+                },
+            )
+        }),
+        unknown in unknown_fields(),
+        at in any::<usize>(),
+    ) {
+        let broken = with_field(body, field, bad);
+        let plain = body_text(&broken, &[], 0);
+        prop_assert_eq!(verdict(route, &plain), Err(field.name), "{}", String::from_utf8_lossy(&plain));
+        let with_unknown = body_text(&broken, &unknown, at);
+        prop_assert_eq!(
+            verdict(route, &with_unknown), Err(field.name), "{}",
+            String::from_utf8_lossy(&with_unknown)
+        );
     }
 }

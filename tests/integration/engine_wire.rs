@@ -4,88 +4,12 @@
 //! heads, chunk extensions and trailers, close-delimited bodies, bytes split across writes) are
 //! relayed intact, and afterwards the gateway is alive, panic-free and holds no handoff open.
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 
-use crate::harness::{read_request, Gateway};
-
-/// What the raw decode sends for a POST: pieces written one by one (a short pause between, so
-/// they arrive as separate reads), then the connection is closed.
-type Pieces = Vec<Vec<u8>>;
-
-struct RawEngine {
-    addr: SocketAddr,
-    answer: Arc<Mutex<Pieces>>,
-    accept: JoinHandle<()>,
-}
-
-impl RawEngine {
-    async fn spawn(ip: [u8; 4]) -> RawEngine {
-        let listener = TcpListener::bind((IpAddr::from(ip), 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let answer: Arc<Mutex<Pieces>> = Arc::default();
-        let accept = tokio::spawn({
-            let answer = answer.clone();
-            async move {
-                while let Ok((conn, _)) = listener.accept().await {
-                    tokio::spawn(serve(conn, answer.clone()));
-                }
-            }
-        });
-        RawEngine {
-            addr,
-            answer,
-            accept,
-        }
-    }
-
-    fn answer_with(&self, pieces: &[&[u8]]) {
-        *self.answer.lock().unwrap() = pieces.iter().map(|p| p.to_vec()).collect();
-    }
-
-    fn spec(&self) -> Value {
-        json!({"url": format!("http://{}", self.addr), "worker_type": "decode",
-            "runtime_type": "sglang"})
-    }
-}
-
-impl Drop for RawEngine {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
-}
-
-async fn serve(mut conn: TcpStream, answer: Arc<Mutex<Pieces>>) {
-    let Some((method, path, _)) = read_request(&mut conn).await else {
-        return;
-    };
-    if method == "GET" {
-        let status = if path == "/health" {
-            "200 OK"
-        } else {
-            "404 Not Found"
-        };
-        let head = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-        let _ = conn.write_all(head.as_bytes()).await;
-        return;
-    }
-    let pieces = answer.lock().unwrap().clone();
-    for p in pieces {
-        if conn.write_all(&p).await.is_err() {
-            return;
-        }
-        let _ = conn.flush().await;
-        tokio::time::sleep(Duration::from_millis(15)).await;
-    }
-    let _ = conn.shutdown().await;
-}
+use crate::harness::{Gateway, RawEngine};
 
 fn chunk(data: &str) -> Vec<u8> {
     format!("{:x}\r\n{data}\r\n", data.len()).into_bytes()
@@ -112,7 +36,7 @@ async fn an_engine_that_breaks_http_framing_gets_a_clean_refusal_and_leaks_nothi
     let workers = [
         json!({"url": prefill.api_url(), "worker_type": "prefill", "runtime_type": "sglang",
             "bootstrap_port": null}),
-        decode.spec(),
+        decode.spec("decode"),
     ];
     let mut gw = Gateway::start(
         &workers,

@@ -1,17 +1,19 @@
 //! Test harness: a real `pdgate` process on loopback (stopped on drop), with helpers to talk to
 //! it. Readiness is polled with a deadline, never slept for.
 
-use std::net::TcpListener;
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mock_engine::client::{self, ClientOptions, Response};
 use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
 use serde_json::Value;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 
 /// A free TCP port on 127.0.0.1 (bound and released; the kernel does not hand it out again soon).
 pub fn free_port() -> u16 {
@@ -336,6 +338,37 @@ pub async fn gateway_for(fleet: &SglangFleet, extra: &str) -> Gateway {
     gw
 }
 
+/// POSTs raw body bytes with a JSON content type.
+pub async fn post_raw(gw: &Gateway, path: &str, body: &[u8]) -> Response {
+    client::request(
+        "POST",
+        &gw.url(path),
+        &[("content-type", "application/json")],
+        Some(Bytes::copy_from_slice(body)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", gw.log()))
+}
+
+/// The gateway's error code in an error body (`error.code`).
+pub fn error_code(r: &Response) -> String {
+    r.json()["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Neither engine of `fleet` received any model request.
+pub fn assert_no_engine_contacted(fleet: &SglangFleet, case: &str) {
+    let (p, d) = (fleet.prefill.records(), fleet.decode.records());
+    assert!(
+        p.is_empty() && d.is_empty(),
+        "{case}: an engine was contacted: prefill {:?}, decode {:?}",
+        p.iter().map(|r| &r.body).collect::<Vec<_>>(),
+        d.iter().map(|r| &r.body).collect::<Vec<_>>()
+    );
+}
+
 /// One request: method, path and its `Content-Length` body.
 pub async fn read_request(conn: &mut TcpStream) -> Option<(String, String, Vec<u8>)> {
     let mut buf = Vec::new();
@@ -368,4 +401,93 @@ pub async fn read_request(conn: &mut TcpStream) -> Option<(String, String, Vec<u
         body.extend_from_slice(&chunk[..n]);
     }
     Some((method, path, body))
+}
+
+/// What a [`RawEngine`] sends for a POST: pieces written one by one (a short pause between, so
+/// they arrive as separate reads), then the connection is closed.
+type Pieces = Vec<Vec<u8>>;
+
+/// The path and body bytes of every POST a [`RawEngine`] received, in arrival order.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// An engine that is only a TCP socket: `GET /health` is 200 (any other GET 404), and every POST
+/// is answered with exactly the bytes of [`RawEngine::answer_with`]. It keeps each POST's path and
+/// body bytes as they arrived, for tests about the wire itself (framing, byte-exact forwarding).
+pub struct RawEngine {
+    addr: SocketAddr,
+    answer: Arc<Mutex<Pieces>>,
+    received: Received,
+    accept: JoinHandle<()>,
+}
+
+impl RawEngine {
+    pub async fn spawn(ip: [u8; 4]) -> RawEngine {
+        let listener = tokio::net::TcpListener::bind((IpAddr::from(ip), 0))
+            .await
+            .expect("bind a raw engine");
+        let addr = listener.local_addr().expect("the raw engine's address");
+        let answer: Arc<Mutex<Pieces>> = Arc::default();
+        let received: Received = Arc::default();
+        let accept = tokio::spawn({
+            let (answer, received) = (answer.clone(), received.clone());
+            async move {
+                while let Ok((conn, _)) = listener.accept().await {
+                    tokio::spawn(serve_raw(conn, answer.clone(), received.clone()));
+                }
+            }
+        });
+        RawEngine {
+            addr,
+            answer,
+            received,
+            accept,
+        }
+    }
+
+    pub fn answer_with(&self, pieces: &[&[u8]]) {
+        *self.answer.lock().unwrap() = pieces.iter().map(|p| p.to_vec()).collect();
+    }
+
+    /// A `POST /workers` body registering this engine as an SGLang `worker_type`.
+    pub fn spec(&self, worker_type: &str) -> Value {
+        serde_json::json!({"url": format!("http://{}", self.addr), "worker_type": worker_type,
+            "runtime_type": "sglang"})
+    }
+
+    /// Path and body bytes of every POST so far, in arrival order.
+    pub fn received(&self) -> Vec<(String, Vec<u8>)> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RawEngine {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+async fn serve_raw(mut conn: TcpStream, answer: Arc<Mutex<Pieces>>, received: Received) {
+    let Some((method, path, body)) = read_request(&mut conn).await else {
+        return;
+    };
+    if method == "GET" {
+        let status = if path == "/health" {
+            "200 OK"
+        } else {
+            "404 Not Found"
+        };
+        let head = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        let _ = conn.write_all(head.as_bytes()).await;
+        return;
+    }
+    received.lock().unwrap().push((path, body));
+    let pieces = answer.lock().unwrap().clone();
+    for p in pieces {
+        if conn.write_all(&p).await.is_err() {
+            return;
+        }
+        let _ = conn.flush().await;
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    let _ = conn.shutdown().await;
 }

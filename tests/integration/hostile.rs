@@ -10,13 +10,13 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use mock_engine::client;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::harness::{gateway_for, Gateway, SglangFleet};
+use crate::harness::{
+    assert_no_engine_contacted, error_code, gateway_for, post_raw, Gateway, SglangFleet,
+};
 
 /// Short body deadline (slowloris cases) and a small body cap (413 cases); the rest defaults.
 const HOSTILE_CONFIG: &str = "  body_read_timeout_secs: 2\n  max_payload_size: 65536\n";
@@ -68,37 +68,6 @@ async fn assert_still_serving(gw: &Gateway, fleet: &SglangFleet, after: &str) {
     assert!(
         served,
         "the good request after {after} did not reach the prefill"
-    );
-}
-
-/// POSTs raw body bytes with a JSON content type.
-async fn post_raw(gw: &Gateway, path: &str, body: &[u8]) -> client::Response {
-    client::request(
-        "POST",
-        &gw.url(path),
-        &[("content-type", "application/json")],
-        Some(Bytes::copy_from_slice(body)),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", gw.log()))
-}
-
-/// The gateway's error code in an error body (`error.code`).
-fn error_code(r: &client::Response) -> String {
-    r.json()["error"]["code"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// Neither engine received any model request.
-fn assert_no_engine_contacted(fleet: &SglangFleet, case: &str) {
-    let (p, d) = (fleet.prefill.records(), fleet.decode.records());
-    assert!(
-        p.is_empty() && d.is_empty(),
-        "{case}: an engine was contacted: prefill {:?}, decode {:?}",
-        p.iter().map(|r| &r.body).collect::<Vec<_>>(),
-        d.iter().map(|r| &r.body).collect::<Vec<_>>()
     );
 }
 
@@ -332,8 +301,9 @@ async fn wrong_typed_handoff_fields_are_replaced_never_forwarded() {
         );
     }
 
-    // A huge number in a field the gateway does not read is the engine's to judge: it reaches
-    // the engines, and their 400 reaches the client as a 400 (never a 5xx).
+    // A huge cap has the right shape (a non-negative integer); whether it fits the model is the
+    // engine's to judge: it reaches the engines, and their 400 reaches the client as a 400
+    // (never a 5xx).
     let huge = r#"{"model":"mock-model","prompt":"a","max_tokens":1234567890123456789012345678901234567890}"#;
     let r = post_raw(&gw, "/v1/completions", huge.as_bytes()).await;
     assert_eq!(r.status, 400, "{}", r.text());

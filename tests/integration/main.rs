@@ -11,6 +11,7 @@ mod moriio;
 mod observability;
 mod operations;
 mod policies;
+mod request_shape;
 mod sglang;
 mod vllm;
 mod workers;

@@ -2,8 +2,9 @@
 //!
 //! Properties: for any JSON object and every route, `classify` returns exactly the facts (or the
 //! first wrong-typed field) that a plain reading of the documented rules gives — `null` is
-//! absent, last duplicate wins, `n` in 0..=1024, batch shapes per route capped at 65536, logprob
-//! switches per route, `request_id`/`rid`, the route's cap field — and never panics.
+//! absent, last duplicate wins, `n` in 1..=1024, batch shapes per route capped at 65536 (token-id
+//! lists hold only integers), logprob switches per route, `request_id`/`rid`, the route's cap
+//! field, then the body's shape (`shape_oracle`) — and never panics.
 #![no_main]
 
 use std::collections::HashMap;
@@ -13,7 +14,7 @@ use pdgate_filters::classify::{
     cap_field, classify, ClassifyError, RequestFacts, MAX_BATCH, MAX_N,
 };
 use pdgate_filters::{scan_object, Route};
-use pdgate_filters_fuzz::{elements, lit, non_null, raw_fields, value_of, Lit};
+use pdgate_filters_fuzz::{elements, lit, non_null, raw_fields, shape_oracle, value_of, Lit};
 use serde_json::value::RawValue;
 
 fuzz_target!(|data: &[u8]| {
@@ -64,13 +65,19 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
     let stream = boolean("stream")?;
     let n = match get("n") {
         None => 1,
-        Some(raw) => value_of(raw).as_u64().filter(|n| *n <= 1024).ok_or("n")?,
+        Some(raw) => value_of(raw)
+            .as_u64()
+            .filter(|n| (1..=1024).contains(n))
+            .ok_or("n")?,
     };
     let batch: Option<(&'static str, usize)> = match route {
         Route::Generate => {
             if let Some(raw) = get("input_ids") {
                 let els = elements(raw).ok_or("input_ids")?;
                 if !els.is_empty() && els.iter().all(|e| lit(e) == Lit::Array) {
+                    if !els.iter().all(|e| is_token_id_list(e)) {
+                        return Err("input_ids");
+                    }
                     Some(("input_ids", els.len()))
                 } else if els.iter().all(|e| lit(e) == Lit::Integer) {
                     None
@@ -102,7 +109,9 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
                     let all = |k| els.iter().all(|e| lit(e) == k);
                     if els.is_empty() || all(Lit::Integer) {
                         None
-                    } else if all(Lit::String) || all(Lit::Array) {
+                    } else if all(Lit::String)
+                        || (all(Lit::Array) && els.iter().all(|e| is_token_id_list(e)))
+                    {
                         Some(("prompt", els.len()))
                     } else {
                         return Err("prompt");
@@ -132,6 +141,7 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
         }
         None => None,
     };
+    shape_oracle(route, f)?;
     Ok(RequestFacts {
         model,
         stream,
@@ -141,6 +151,11 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
         request_id,
         max_tokens_field: oracle_cap(route, f),
     })
+}
+
+/// An array whose elements are all integer literals.
+fn is_token_id_list(raw: &str) -> bool {
+    elements(raw).is_some_and(|els| els.iter().all(|e| lit(e) == Lit::Integer))
 }
 
 fn oracle_cap(route: Route, f: &Fields) -> Option<&'static str> {

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use pdgate_filters::body::{scan_object, TopLevel};
+use pdgate_filters::Route;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -209,4 +210,108 @@ pub fn assert_one_data_line_event(event: &[u8]) -> &[u8] {
         String::from_utf8_lossy(event)
     );
     inner
+}
+
+/// The shape rules of `pdgate_filters::shape`, read independently from the documented table:
+/// `Err(field)` names the first broken rule in the table's order (caps, `temperature`, `top_p`,
+/// `messages`, required inputs, `sampling_params` members), `null` counting as absent.
+pub fn shape_oracle(route: Route, f: &HashMap<String, &RawValue>) -> Result<(), &'static str> {
+    let check = |field: &'static str, ok: fn(&str) -> bool| match non_null(f, field) {
+        Some(raw) if !ok(raw) => Err(field),
+        _ => Ok(()),
+    };
+    let sampling = |f: &HashMap<String, &RawValue>| -> Result<(), &'static str> {
+        let member = |key: &str, name: &'static str, ok: fn(&str) -> bool| match non_null(f, key) {
+            Some(raw) if !ok(raw) => Err(name),
+            _ => Ok(()),
+        };
+        member("max_new_tokens", "sampling_params.max_new_tokens", is_count)?;
+        member("temperature", "sampling_params.temperature", is_temperature)?;
+        member("top_p", "sampling_params.top_p", is_probability)
+    };
+    match route {
+        Route::ChatCompletions | Route::Messages => {
+            if !non_null(f, "messages").is_some_and(is_messages) {
+                return Err("messages");
+            }
+            if route == Route::Messages {
+                let cap = non_null(f, "max_tokens");
+                if !cap.is_some_and(|raw| is_count(raw) && raw != "0") {
+                    return Err("max_tokens");
+                }
+            } else {
+                check("max_tokens", is_count)?;
+                check("max_completion_tokens", is_count)?;
+            }
+            check("temperature", is_temperature)?;
+            check("top_p", is_probability)
+        }
+        Route::Completions => {
+            if non_null(f, "prompt").is_none() && non_null(f, "prompt_embeds").is_none() {
+                return Err("prompt");
+            }
+            check("prompt_embeds", |raw| match lit(raw) {
+                Lit::String => true,
+                Lit::Array => {
+                    elements(raw).is_some_and(|els| els.iter().all(|e| lit(e) == Lit::String))
+                }
+                _ => false,
+            })?;
+            check("max_tokens", is_count)?;
+            check("temperature", is_temperature)?;
+            check("top_p", is_probability)
+        }
+        Route::Generate => {
+            if ["text", "input_ids", "input_embeds"]
+                .iter()
+                .all(|k| non_null(f, k).is_none())
+            {
+                return Err("text");
+            }
+            check("input_embeds", |raw| lit(raw) == Lit::Array)?;
+            if let Some(raw) = non_null(f, "sampling_params") {
+                if lit(raw) != Lit::Object {
+                    return Err("sampling_params");
+                }
+                let members = raw_fields(raw.as_bytes()).expect("a valid object");
+                sampling(&members)?;
+            }
+            Ok(())
+        }
+        Route::Responses => check("max_output_tokens", is_count),
+        Route::Rerank | Route::CountTokens => Ok(()),
+    }
+}
+
+/// An integer literal without a sign, any magnitude.
+fn is_count(raw: &str) -> bool {
+    lit(raw) == Lit::Integer && !raw.starts_with('-')
+}
+
+fn number(raw: &str) -> Option<f64> {
+    matches!(lit(raw), Lit::Integer | Lit::Float)
+        .then(|| value_of(raw).as_f64())
+        .flatten()
+}
+
+fn is_temperature(raw: &str) -> bool {
+    number(raw).is_some_and(|t| t >= 0.0)
+}
+
+fn is_probability(raw: &str) -> bool {
+    number(raw).is_some_and(|p| (0.0..=1.0).contains(&p))
+}
+
+/// A non-empty array of objects whose (last) `role` is a string.
+fn is_messages(raw: &str) -> bool {
+    match value_of(raw) {
+        Value::Array(ms) => {
+            !ms.is_empty()
+                && ms.iter().all(|m| {
+                    m.as_object()
+                        .is_some_and(|o| o.get("role").is_some_and(Value::is_string))
+                })
+        }
+        _ => false,
+    }
 }
