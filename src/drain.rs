@@ -15,7 +15,8 @@
 //!    an answer, never from a closed socket.
 //! 3. An idle connection keeps waiting for its next request for the grace period
 //!    (`grace_period_seconds`: the old process lives that long anyway); a request that arrives is
-//!    read and served, with `Connection: close`.
+//!    read and served, with `Connection: close`. A new connection (accepted until the listener
+//!    closes) always waits for its first request.
 //! 4. A connection still idle at the end is closed so that no client can race it: a half-close
 //!    (FIN) first, then its input is read and discarded until the client closes too (bounded by
 //!    [`LINGER`]), so the kernel never answers a late request with a reset.
@@ -41,7 +42,8 @@ use tokio::time::Instant;
 /// waiting for the client to close its side.
 pub const LINGER: Duration = Duration::from_secs(2);
 
-/// Pingora's keep-alive timeout for a new downstream connection (its `process_new` default).
+/// How long a new downstream connection may take to send its first request (Pingora's
+/// `process_new` default keep-alive for a new connection).
 const NEW_CONNECTION_KEEPALIVE_SECS: u64 = 60;
 
 /// The drain state of the process (one process, one drain): read on every response head.
@@ -111,9 +113,21 @@ impl Drain {
         }
     }
 
-    /// Waits for the next request on an idle connection. `Some(stream)` when request bytes
-    /// arrived (nothing consumed); `None` when the client closed it, or the drain's idle deadline
-    /// passed (the connection is then closed without a race, see the module doc).
+    /// Waits for the first request of a new connection: its client connected to send one, so
+    /// the drain does not close it (a connection accepted just before the listener closes is
+    /// still served); only Pingora's first-request timeout applies.
+    async fn first_request(&self, mut stream: Stream) -> Option<Stream> {
+        let mut first = [0u8; 1];
+        let wait = Duration::from_secs(NEW_CONNECTION_KEEPALIVE_SECS);
+        match tokio::time::timeout(wait, stream.try_peek(&mut first)).await {
+            Ok(Ok(true)) => Some(stream),
+            _ => None,
+        }
+    }
+
+    /// Waits for the next request on an idle keep-alive connection. `Some(stream)` when request
+    /// bytes arrived (nothing consumed); `None` when the client closed it, or the drain's idle
+    /// deadline passed (the connection is then closed without a race, see the module doc).
     async fn next_request(&self, mut stream: Stream) -> Option<Stream> {
         let mut first = [0u8; 1];
         let arrived = tokio::select! {
@@ -167,7 +181,7 @@ where
     ) -> Option<Stream> {
         // Pipelining stays off (Pingora's default), so a connection handed back between two
         // requests never holds bytes of the next one: waiting on the socket is enough.
-        let mut stream = DRAIN.next_request(stream).await?;
+        let mut stream = DRAIN.first_request(stream).await?;
         let mut settings: Option<HttpPersistentSettings> = None;
         loop {
             let mut session = ServerSession::new_http1(stream);
