@@ -457,27 +457,18 @@ async fn expect_100_continue_does_not_stall() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_prefills_on_different_ips_each_decode_fetches_from_its_pair() {
     use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
-    let p2 = MockEngine::spawn(MockEngineConfig::test(
-        EngineKind::Sglang,
-        Role::Prefill,
-        [127, 0, 0, 2],
-    ))
-    .await
-    .unwrap();
-    let p3 = MockEngine::spawn(MockEngineConfig::test(
-        EngineKind::Sglang,
-        Role::Prefill,
-        [127, 0, 0, 3],
-    ))
-    .await
-    .unwrap();
-    let d = MockEngine::spawn(MockEngineConfig::test(
-        EngineKind::Sglang,
-        Role::Decode,
-        [127, 0, 0, 5],
-    ))
-    .await
-    .unwrap();
+    // 200 requests at once on a loaded 2-core machine can take longer to rendezvous than the
+    // mocks' 2 s test timeouts (the engines' real defaults are 300 s); this test is about which
+    // prefill each decode fetches from, not about timeouts.
+    let engine = |role, ip| {
+        let mut c = MockEngineConfig::test(EngineKind::Sglang, role, ip);
+        c.bootstrap_timeout = Duration::from_secs(60);
+        c.waiting_timeout = Duration::from_secs(60);
+        MockEngine::spawn(c)
+    };
+    let p2 = engine(Role::Prefill, [127, 0, 0, 2]).await.unwrap();
+    let p3 = engine(Role::Prefill, [127, 0, 0, 3]).await.unwrap();
+    let d = engine(Role::Decode, [127, 0, 0, 5]).await.unwrap();
     let mut gw =
         crate::harness::Gateway::start(&[p2.worker_spec(), p3.worker_spec(), d.worker_spec()], "")
             .await;
@@ -489,11 +480,13 @@ async fn two_prefills_on_different_ips_each_decode_fetches_from_its_pair() {
         tasks.push(tokio::spawn(async move {
             let body =
                 json!({"text": format!("request {i}"), "sampling_params": {"max_new_tokens": 2}});
-            gw.post("/generate", &body).await.status
+            let r = gw.post("/generate", &body).await;
+            (r.status, r.text())
         }));
     }
     for t in tasks {
-        assert_eq!(t.await.unwrap(), 200);
+        let (status, text) = t.await.unwrap();
+        assert_eq!(status, 200, "{text}");
     }
     let mut by_room = std::collections::HashMap::new();
     for (p, host) in [(&p2, p2.host()), (&p3, p3.host())] {
