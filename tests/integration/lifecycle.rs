@@ -315,8 +315,9 @@ async fn a_retry_lands_on_another_pair_with_a_new_room_and_drops_the_first_legs(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_take_a_dead_decode_out_and_bring_it_back() {
-    let p = sglang(Role::Prefill, [127, 0, 0, 2]).await;
-    let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
+    // IPs no other test uses: the decode's port stays free on its IP while it is down.
+    let p = sglang(Role::Prefill, [127, 0, 11, 2]).await;
+    let d = sglang(Role::Decode, [127, 0, 11, 3]).await;
     let port = d.port();
     let extra = "  health_failure_threshold: 1\n  health_success_threshold: 1\n  health_check_timeout_secs: 1\n  retry_max_retries: 1\n";
     let gw = started(&[p.worker_spec(), d.worker_spec()], extra).await;
@@ -343,7 +344,7 @@ async fn health_checks_take_a_dead_decode_out_and_bring_it_back() {
     assert_eq!(decode["is_healthy"], false);
     assert_eq!(gw.post("/generate", &generate()).await.status, 503);
 
-    let mut cfg = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 0, 3]);
+    let mut cfg = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 11, 3]);
     cfg.port = port;
     let d2 = MockEngine::spawn(cfg).await.unwrap();
     gw_wait_ready(&gw).await;

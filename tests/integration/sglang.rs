@@ -484,9 +484,16 @@ async fn two_prefills_on_different_ips_each_decode_fetches_from_its_pair() {
             (r.status, r.text())
         }));
     }
+    let warnings = || {
+        gw.log()
+            .lines()
+            .filter(|l| !l.contains(" INFO "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     for t in tasks {
         let (status, text) = t.await.unwrap();
-        assert_eq!(status, 200, "{text}");
+        assert_eq!(status, 200, "{text}\n{}", warnings());
     }
     let mut by_room = std::collections::HashMap::new();
     for (p, host) in [(&p2, p2.host()), (&p3, p3.host())] {
@@ -498,7 +505,7 @@ async fn two_prefills_on_different_ips_each_decode_fetches_from_its_pair() {
         }
     }
     let records = d.wait_records(200, Duration::from_secs(10)).await;
-    assert_eq!(records.len(), 200);
+    assert_eq!(records.len(), 200, "{}", warnings());
     let mut per_prefill = std::collections::HashMap::new();
     for r in &records {
         let room = r.body["bootstrap_room"].as_u64().unwrap();

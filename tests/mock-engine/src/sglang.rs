@@ -28,6 +28,9 @@ use crate::records::now_ms;
 use crate::render::{FinishKind, Step};
 use crate::server::{self, HttpResponse, TaskGroup};
 
+/// The decode's heartbeat request timeout (SGLang: `requests.get(..., timeout=(2, 2))`).
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The SGLang warmup host: no transfer, the decode runs over KV that never arrived.
 pub const FAKE_BOOTSTRAP_HOST: &str = "2.2.2.2";
 
@@ -765,7 +768,10 @@ pub(crate) async fn run_decode_item(
                 return Err(wait_err());
             }
             _ = hb.tick() => {
-                let ok = client::request_with(&client::ClientOptions { source_ip: Some(cfg.bind_ip), timeout: Some(hb_every) }, "GET", &format!("http://{addr}/health"), &[], None)
+                // SGLang's heartbeat GETs the bootstrap server with a 2 s timeout whatever the
+                // interval; a shorter one fails live prefills on a loaded machine.
+                let hb_timeout = hb_every.max(HEARTBEAT_TIMEOUT);
+                let ok = client::request_with(&client::ClientOptions { source_ip: Some(cfg.bind_ip), timeout: Some(hb_timeout) }, "GET", &format!("http://{addr}/health"), &[], None)
                     .await
                     .is_ok_and(|r| r.status == 200);
                 hb_failures = if ok { 0 } else { hb_failures + 1 };

@@ -530,13 +530,22 @@ async fn sglang_prefill_dropped_before_success_fails_the_decode() {
 
 #[tokio::test]
 async fn sglang_decode_talks_to_the_prefill_it_was_pointed_at() {
-    let p2 = engine(EngineKind::Sglang, Role::Prefill, [127, 0, 0, 2]).await;
-    let port = p2.bootstrap_port().unwrap();
-    let p3 = engine_with(MockEngineConfig {
-        bootstrap_port: port,
-        ..MockEngineConfig::test(EngineKind::Sglang, Role::Prefill, [127, 0, 0, 3])
-    })
-    .await;
+    // The second prefill binds the first one's (ephemeral) bootstrap port on its own IP, which
+    // no other test uses; should another process hold that port there, both are re-drawn.
+    let (p2, p3, port) = loop {
+        let p2 = engine(EngineKind::Sglang, Role::Prefill, [127, 0, 0, 2]).await;
+        let port = p2.bootstrap_port().unwrap();
+        let p3 = MockEngine::spawn(MockEngineConfig {
+            bootstrap_port: port,
+            ..MockEngineConfig::test(EngineKind::Sglang, Role::Prefill, [127, 0, 0, 33])
+        })
+        .await;
+        match p3 {
+            Ok(p3) => break (p2, p3, port),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) => panic!("spawn the second prefill: {e}"),
+        }
+    };
     assert_eq!(
         p3.bootstrap_port(),
         Some(port),
