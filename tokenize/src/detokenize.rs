@@ -11,6 +11,11 @@
 //! in which case it waits for the next token. Consumed tokens are dropped, so memory is a few
 //! tokens whatever the stream's length.
 //!
+//! Byte-level tokenizers (GPT-2's byte alphabet with a plain `ByteLevel` decoder: Llama 3, Qwen
+//! and most current models) take a faster, exact path instead: each token's bytes are appended to
+//! at most three held bytes and the complete characters go out, exactly as a full decode's
+//! `from_utf8_lossy` would show them.
+//!
 //! The pieces concatenate to `Tokenizer::decode` of all the tokens, with one exception no
 //! incremental decoder can avoid: SentencePiece's byte fallback turns a whole run of byte tokens
 //! that is not UTF-8 into U+FFFDs, including bytes that were valid (and already emitted) before
@@ -18,13 +23,14 @@
 
 use std::sync::Arc;
 
+use crate::byte_level::drain_utf8;
 use crate::error::TokenizeError;
 use crate::tokenizer::Tokenizer;
 
-/// Tokens held without producing text before the decoder gives up waiting: it then emits what it
-/// has (U+FFFD included) and restarts its window. Only a stream that is not text (dozens of
-/// invalid bytes, or of tokens that decode to nothing) gets there; a UTF-8 character needs at
-/// most 4 byte tokens.
+/// Tokens held without producing text before the decoder stops waiting (see
+/// `give_up_waiting`). Only a stream that is not text gets there (dozens of invalid bytes, or
+/// of tokens that decode to nothing); a UTF-8 character needs at most 4 byte tokens. The window
+/// is thus at most twice this long (context + pending).
 const MAX_WINDOW: usize = 64;
 
 /// Turns one sequence's tokens into text, piece by piece. One per choice; not shared.
@@ -38,6 +44,10 @@ pub struct IncrementalDetokenizer {
     read: usize,
     /// `decode(window[..read])`: the emitted text of the window, cached.
     prefix_text: String,
+    /// Byte-level tokenizers: the bytes of an incomplete character (at most 3); the window is
+    /// not used.
+    pending_bytes: Vec<u8>,
+    byte_level: bool,
 }
 
 /// The largest char boundary of `s` at or below `i`.
@@ -56,6 +66,8 @@ impl IncrementalDetokenizer {
     /// the OpenAI APIs).
     pub fn new(tokenizer: Arc<Tokenizer>, skip_special_tokens: bool) -> Self {
         Self {
+            byte_level: tokenizer.byte_table().is_some(),
+            pending_bytes: Vec::with_capacity(4),
             tokenizer,
             skip_special_tokens,
             window: Vec::with_capacity(8),
@@ -68,6 +80,10 @@ impl IncrementalDetokenizer {
     /// token keeps its leading space on SentencePiece models (vLLM does this with 5 prompt
     /// tokens; SGLang and SMG start with no context, which is the default).
     pub fn with_context(mut self, prompt_tail: &[u32]) -> Result<Self, TokenizeError> {
+        if self.byte_level {
+            // A byte-level token's text does not depend on what precedes it.
+            return Ok(self);
+        }
         self.window.extend_from_slice(prompt_tail);
         self.read = self.window.len();
         self.prefix_text = self.decode_window(self.read)?;
@@ -80,7 +96,7 @@ impl IncrementalDetokenizer {
     }
 
     /// Tokens held: the context and those whose text is still pending. A few, whatever the
-    /// stream's length.
+    /// stream's length (none on the byte-level path, which holds at most 3 bytes).
     pub fn held_tokens(&self) -> usize {
         self.window.len()
     }
@@ -101,22 +117,55 @@ impl IncrementalDetokenizer {
     /// Adds a token and appends to `out` the text it completes (often all of its text; nothing
     /// while a character is still incomplete).
     pub fn push(&mut self, id: u32, out: &mut String) -> Result<(), TokenizeError> {
+        if self.byte_level {
+            let table = self.tokenizer.byte_table().expect("byte-level tokenizer");
+            if let Some(bytes) = table.token_bytes(id, self.skip_special_tokens) {
+                self.pending_bytes.extend_from_slice(bytes);
+                drain_utf8(&mut self.pending_bytes, out, false);
+            }
+            return Ok(());
+        }
         self.window.push(id);
         let text = self.decode_window(self.window.len())?;
         if text.len() > self.prefix_text.len() && !text.ends_with('\u{FFFD}') {
             self.emit_and_advance(&text, out)
         } else if self.window.len() - self.read >= MAX_WINDOW {
-            self.emit_rest(&text, out);
-            Ok(())
+            self.give_up_waiting(text, out)
         } else {
             Ok(())
         }
+    }
+
+    /// Too many tokens pending: tokens that added nothing are dropped; else the text is emitted
+    /// up to the last point where it ended on a whole character (found by decoding shorter
+    /// windows), and only when there is none is everything emitted, U+FFFD included.
+    fn give_up_waiting(&mut self, text: String, out: &mut String) -> Result<(), TokenizeError> {
+        if text == self.prefix_text {
+            // Skipped special tokens and the like: no text in any context.
+            self.window.truncate(self.read);
+            return Ok(());
+        }
+        for cut in (self.read + 1..self.window.len()).rev() {
+            let shorter = self.decode_window(cut)?;
+            if shorter.len() > self.prefix_text.len() && !shorter.ends_with('\u{FFFD}') {
+                let pending = self.window.split_off(cut);
+                self.emit_and_advance(&shorter, out)?;
+                self.window.extend(pending);
+                return Ok(());
+            }
+        }
+        self.emit_rest(&text, out);
+        Ok(())
     }
 
     /// Appends the text of every token given so far that has not been emitted yet; a sequence
     /// that ends inside a character shows U+FFFD for it, as a full decode does. The decoder can
     /// go on afterwards.
     pub fn flush(&mut self, out: &mut String) -> Result<(), TokenizeError> {
+        if self.byte_level {
+            drain_utf8(&mut self.pending_bytes, out, true);
+            return Ok(());
+        }
         if self.read < self.window.len() {
             let text = self.decode_window(self.window.len())?;
             self.emit_rest(&text, out);

@@ -15,6 +15,7 @@
 //! Errors: [`LoadError`] (a model directory that does not load; names the file),
 //! [`TemplateError`] (the request's chat cannot be rendered: a 400), [`TokenizeError`].
 
+mod byte_level;
 pub mod chat_template;
 mod detokenize;
 mod error;

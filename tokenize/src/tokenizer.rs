@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use tokenizers::processors::template::TemplateProcessing;
 
+use crate::byte_level::ByteTable;
 use crate::chat_template::{ChatInput, ChatTemplate, ChatTemplates, ContentFormat};
 use crate::error::{LoadError, TemplateError, TokenizeError};
 use crate::model_dir::{ModelFiles, ModelSource};
@@ -22,6 +23,8 @@ pub struct Tokenizer {
     special_tokens: SpecialTokens,
     eos_token_ids: Vec<u32>,
     chat_templates: ChatTemplates,
+    /// Token bytes for byte-level tokenizers (the stream decoder's fast, exact path).
+    byte_table: Option<ByteTable>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -87,8 +90,10 @@ impl Tokenizer {
             }
         }
 
+        let byte_table = ByteTable::build(&inner);
         Ok(Self {
             inner,
+            byte_table,
             special_tokens: files.special_tokens,
             eos_token_ids,
             chat_templates: ChatTemplates::new(default, named),
@@ -204,6 +209,10 @@ impl Tokenizer {
             .select(input.tools.is_some())
             .ok_or(TemplateError::NoTemplate)?;
         template.render(input, &self.special_tokens)
+    }
+
+    pub(crate) fn byte_table(&self) -> Option<&ByteTable> {
+        self.byte_table.as_ref()
     }
 
     /// The underlying Hugging Face tokenizer.

@@ -9,7 +9,9 @@ mod common;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use pdgate_tokenize::{fixture, ChatInput, IncrementalDetokenizer, StopConfig, StopDecoder, Tokenizer};
+use pdgate_tokenize::{
+    fixture, ChatInput, IncrementalDetokenizer, StopConfig, StopDecoder, Tokenizer,
+};
 use serde_json::json;
 
 /// Mean time of `f` over enough runs to take about `budget`.
@@ -42,7 +44,9 @@ fn prompt_of(len: usize) -> String {
 fn speed() {
     let dir = common::TempDir::new("speed");
     fixture::write_model_dir(dir.path()).unwrap();
-    let load = time(Duration::from_millis(500), || Tokenizer::from_dir(dir.path()).unwrap());
+    let load = time(Duration::from_millis(500), || {
+        Tokenizer::from_dir(dir.path()).unwrap()
+    });
     println!("load fixture dir: {load:?}");
     let t = common::chatml();
 
@@ -99,4 +103,18 @@ fn speed() {
     println!("detokenize + 2 stop strings: {stop:?} per token");
     let full = time(Duration::from_secs(1), || t.decode(&ids, true).unwrap()) / n;
     println!("full decode, for comparison: {full:?} per token");
+
+    // The window path (SentencePiece-style decoders).
+    let sp = common::sentencepiece();
+    let sp_ids = sp.encode(&prompt_of(64 * 1024), false).unwrap();
+    let sp_n = sp_ids.len() as u32;
+    let window = time(Duration::from_secs(1), || {
+        let mut d = IncrementalDetokenizer::new(sp.clone(), true);
+        let mut out = String::new();
+        for &id in &sp_ids {
+            d.push(id, &mut out).unwrap();
+        }
+        out
+    }) / sp_n;
+    println!("detokenize, SentencePiece window path: {window:?} per token ({sp_n} tokens)");
 }

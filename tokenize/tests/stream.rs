@@ -238,3 +238,46 @@ fn multi_byte_stop_strings_match_across_split_characters() {
     assert_eq!(got.concat(), "in ");
     assert_eq!(d.stopped(), Some(&MatchedStop::Text("東京".into())));
 }
+
+#[test]
+fn a_stream_that_is_not_text_keeps_the_window_bounded() {
+    // The SentencePiece fixture decodes through a window; 200 tokens that add nothing (skipped
+    // specials) or only invalid bytes must not grow it without bound.
+    let t = common::sentencepiece();
+    let mut d = IncrementalDetokenizer::new(t.clone(), true);
+    let mut out = String::new();
+    let mut ids = t.encode("Hello", false).unwrap();
+    ids.extend(std::iter::repeat_n(fixture::SP_BOS_ID, 200));
+    ids.extend(t.encode("world", false).unwrap());
+    for &id in &ids {
+        d.push(id, &mut out).unwrap();
+        assert!(d.held_tokens() <= 128, "{}", d.held_tokens());
+    }
+    d.flush(&mut out).unwrap();
+    assert_eq!(out, t.decode(&ids, true).unwrap());
+
+    let invalid = vec![fixture::SP_BYTE_BASE + 0x80; 200];
+    let mut d = IncrementalDetokenizer::new(t.clone(), true);
+    let mut out = String::new();
+    for &id in &invalid {
+        d.push(id, &mut out).unwrap();
+        assert!(d.held_tokens() <= 128, "{}", d.held_tokens());
+    }
+    d.flush(&mut out).unwrap();
+    assert_eq!(out, "\u{FFFD}".repeat(200));
+}
+
+#[test]
+fn byte_level_streams_hold_bytes_not_tokens() {
+    let t = common::chatml();
+    // A run of tokens that each end inside a character, hundreds long, stays exact.
+    let text = "疇".repeat(300) + "東京😀".repeat(100).as_str();
+    let ids = t.encode(&text, false).unwrap();
+    let mut d = IncrementalDetokenizer::new(t.clone(), false);
+    let mut out = String::new();
+    for &id in &ids {
+        d.push(id, &mut out).unwrap();
+        assert_eq!(d.held_tokens(), 0);
+    }
+    assert_eq!(out, text);
+}
