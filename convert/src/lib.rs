@@ -4,12 +4,14 @@
 //!   shape-checked by `pdgate-filters`) → an engine-neutral [`GenerationRequest`]: chat
 //!   messages for the template or prompts to tokenize, sampling parameters, output options;
 //!   what cannot be served yet is an [`Unsupported`] refusal with a catalogue code.
-//! * [`event`]: per-choice token events ([`Delta`], [`Finish`]; text already detokenized
-//!   and stop-filtered by `pdgate-tokenize`).
+//! * [`response`]: per-choice token events ([`Delta`], [`Finish`]; text already detokenized
+//!   and stop-filtered by `pdgate-tokenize`) → the exact JSON body or SSE stream the client
+//!   expects, written into a buffer the caller owns ([`response_writer`]).
 //! * [`UsageTotals`]: usage over the choices (prompt once per prompt, completions summed).
 
 pub mod event;
 pub mod request;
+pub mod response;
 pub mod usage;
 mod write;
 
@@ -21,4 +23,5 @@ pub use request::{
     convert_request, ChatInput, Constraint, Feature, GenerationRequest, Input, LogprobRequest,
     Prompt, RequestError, SamplingParams, Unsupported,
 };
+pub use response::{content_type, response_writer, LogprobOutput, ResponseSpec, ResponseWriter};
 pub use usage::UsageTotals;
