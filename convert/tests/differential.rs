@@ -61,6 +61,18 @@ enum Step {
     },
 }
 
+impl Step {
+    /// A delta of text alone (routes without token ids or logprobs).
+    fn text(index: u32, text: &Value) -> Step {
+        Step::Delta {
+            index,
+            text: str_of(text),
+            ids: vec![],
+            rows: vec![],
+        }
+    }
+}
+
 /// What the engine's stream told: the events, and the facts known before the first token.
 #[derive(Default, Debug)]
 struct Script {
@@ -485,12 +497,7 @@ fn messages_script(events: &Events) -> Script {
                 script.prompt_tokens =
                     v["message"]["usage"]["input_tokens"].as_u64().unwrap() as u32
             }
-            Some("content_block_delta") => script.steps.push(Step::Delta {
-                index: 0,
-                text: str_of(&v["delta"]["text"]),
-                ids: vec![],
-                rows: vec![],
-            }),
+            Some("content_block_delta") => script.steps.push(Step::text(0, &v["delta"]["text"])),
             Some("message_delta") => {
                 let (reason, matched) = match v["delta"]["stop_reason"].as_str().unwrap() {
                     "max_tokens" => ("length", None),
@@ -522,12 +529,7 @@ fn responses_script(events: &Events) -> Script {
                 script.prompt_tokens =
                     v["response"]["usage"]["input_tokens"].as_u64().unwrap() as u32
             }
-            Some("response.output_text.delta") => script.steps.push(Step::Delta {
-                index: 0,
-                text: str_of(&v["delta"]),
-                ids: vec![],
-                rows: vec![],
-            }),
+            Some("response.output_text.delta") => script.steps.push(Step::text(0, &v["delta"])),
             Some("response.completed") => script.steps.push(Step::Finish {
                 index: 0,
                 reason: if v["response"]["status"] == "incomplete" {

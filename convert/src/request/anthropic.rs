@@ -15,23 +15,14 @@ use serde_json::{json, Map, Value};
 
 use super::chat::MEDIA_TYPES;
 use super::fields::Reader;
-use super::{ChatInput, Feature, GenerationRequest, Input, RequestError, SamplingParams};
+use super::{ChatInput, Feature, GenerationRequest, RequestError, SamplingParams};
 use pdgate_filters::route::Route;
 use pdgate_filters::value::{self, Kind};
 
 type Result<T> = std::result::Result<T, RequestError>;
 
 pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
-    let tool_choice: Option<Value> = r.optional("tool_choice", "an object")?;
-    let choice_none = tool_choice
-        .as_ref()
-        .and_then(|c| c.get("type"))
-        .is_some_and(|t| t == "none");
-    let tools: Option<Vec<Value>> = r.optional("tools", "a list of tools")?;
-    let tools = tools.filter(|t| !t.is_empty());
-    if tools.is_some() && !choice_none {
-        return Err(RequestError::unsupported(Feature::ToolCalling, "tools"));
-    }
+    let (tools, tool_choice) = r.template_tools(|choice| choice["type"] == "none")?;
 
     let mut messages = Vec::new();
     if let Some(system) = system_text(r)? {
@@ -63,27 +54,22 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
         ..SamplingParams::default()
     };
 
-    Ok(GenerationRequest {
-        route: Route::Messages,
-        model: r.string("model")?,
-        request_id: None,
-        item_request_ids: Vec::new(),
-        input: Input::Chat(ChatInput {
-            messages,
-            tools: tools.map(Value::Array),
-            tool_choice,
-            chat_template_kwargs: None,
-            add_generation_prompt: true,
-            continue_final_message: false,
-            thinking,
-        }),
+    let input = ChatInput {
+        messages,
+        tools,
+        tool_choice,
+        chat_template_kwargs: None,
+        add_generation_prompt: true,
+        continue_final_message: false,
+        thinking,
+    };
+    Ok(GenerationRequest::conversation(
+        Route::Messages,
+        r.string("model")?,
+        input,
         sampling,
-        logprobs: None,
-        stream: r.flag("stream")?,
-        include_usage: false,
-        echo: false,
-        suffix: None,
-    })
+        r.flag("stream")?,
+    ))
 }
 
 /// `stop_sequences`: a list of non-empty strings (Anthropic takes no single string).

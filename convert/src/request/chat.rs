@@ -137,19 +137,10 @@ fn refuse_output_modalities(r: &Reader<'_>) -> Result<()> {
     r.refuse("audio", Feature::AudioOutput)
 }
 
-/// Tools reach the template only when tool calling is off (`tool_choice: "none"`); with tool
-/// calling on, the output would need a tool parser, which the gRPC path does not have yet.
+/// [`Reader::template_tools`] with OpenAI's `tool_choice: "none"`, plus the legacy
+/// `functions` / `function_call` and the 400 for a forced call without tools.
 fn tools(r: &Reader<'_>) -> Result<(Option<Value>, Option<Value>)> {
-    let tool_choice: Option<Value> = r.optional("tool_choice", "a string or an object")?;
-    let choice_none = tool_choice.as_ref().is_some_and(|c| c == "none");
-    let tools: Option<Vec<Value>> = r.optional("tools", "a list of tools")?;
-    let tools = tools.filter(|t| !t.is_empty());
-    if tools.is_some() && !choice_none {
-        return Err(RequestError::unsupported(
-            Feature::ToolCalling,
-            r.name("tools"),
-        ));
-    }
+    let (tools, tool_choice) = r.template_tools(|choice| choice == "none")?;
     let functions: Option<Vec<Value>> = r.optional("functions", "a list of functions")?;
     let function_call_none = r.raw("function_call") == Some(br#""none""#);
     if functions.is_some_and(|f| !f.is_empty()) && !function_call_none {
@@ -167,7 +158,7 @@ fn tools(r: &Reader<'_>) -> Result<(Option<Value>, Option<Value>)> {
                 .into(),
         ));
     }
-    Ok((tools.map(Value::Array), tool_choice))
+    Ok((tools, tool_choice))
 }
 
 /// Every list content must be text parts; media parts are [`Feature::Multimodal`], unknown

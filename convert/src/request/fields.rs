@@ -207,6 +207,27 @@ impl<'b> Reader<'b> {
             .collect()
     }
 
+    /// Tools for the template: `tools` (a non-empty list) and `tool_choice`, as sent. Tool
+    /// calling needs a tool parser the gRPC path does not have yet, so tools are accepted only
+    /// with a `tool_choice` that turns calling off (`calling_off`); otherwise
+    /// [`Feature::ToolCalling`].
+    pub fn template_tools(
+        &self,
+        calling_off: fn(&serde_json::Value) -> bool,
+    ) -> Result<(Option<serde_json::Value>, Option<serde_json::Value>)> {
+        let tool_choice: Option<serde_json::Value> =
+            self.optional("tool_choice", "a string or an object")?;
+        let tools: Option<Vec<serde_json::Value>> = self.optional("tools", "a list of tools")?;
+        let tools = tools.filter(|t| !t.is_empty());
+        if tools.is_some() && !tool_choice.as_ref().is_some_and(calling_off) {
+            return Err(RequestError::unsupported(
+                Feature::ToolCalling,
+                self.name("tools"),
+            ));
+        }
+        Ok((tools.map(serde_json::Value::Array), tool_choice))
+    }
+
     /// Refuses `key` when it is present (and not `null`, `false`, empty list or empty object).
     pub fn refuse(&self, key: &str, feature: Feature) -> Result<()> {
         match self.raw(key) {
@@ -222,15 +243,16 @@ impl<'b> Reader<'b> {
     }
 }
 
+/// Runs `f` on a reader of `body`'s top level.
+#[cfg(test)]
+pub(super) fn with<T>(body: &str, f: impl FnOnce(&Reader<'_>) -> T) -> T {
+    let top = pdgate_filters::body::scan_object(body.as_bytes()).unwrap();
+    f(&Reader::top(body.as_bytes(), &top))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pdgate_filters::body::scan_object;
-
-    fn with<T>(body: &str, f: impl FnOnce(&Reader<'_>) -> T) -> T {
-        let top = scan_object(body.as_bytes()).unwrap();
-        f(&Reader::top(body.as_bytes(), &top))
-    }
 
     #[test]
     fn null_is_absent() {

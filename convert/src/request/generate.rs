@@ -20,17 +20,9 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
     for key in MEDIA {
         r.refuse(key, Feature::Multimodal)?;
     }
-    for (key, feature) in [
-        ("input_embeds", Feature::PromptEmbeddings),
-        ("return_hidden_states", Feature::HiddenStates),
-        ("lora_path", Feature::Lora),
-        ("lora_id", Feature::Lora),
-        ("session_params", Feature::SessionParams),
-        ("custom_logit_processor", Feature::CustomLogitProcessor),
-        ("token_ids_logprob", Feature::TokenIdLogprobs),
-    ] {
-        r.refuse(key, feature)?;
-    }
+    r.refuse("input_embeds", Feature::PromptEmbeddings)?;
+    r.refuse("token_ids_logprob", Feature::TokenIdLogprobs)?;
+    sampling::refuse_engine_extras(r)?;
     let (prompts, batch) = prompts(r)?;
     let sampling = match r.object("sampling_params", "sampling_params.")? {
         Some(sp) => sampling_params(&sp)?,

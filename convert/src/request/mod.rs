@@ -83,6 +83,32 @@ pub struct GenerationRequest {
     pub suffix: Option<String>,
 }
 
+impl GenerationRequest {
+    /// A conversation without the OpenAI-only output options (Anthropic, Responses): no
+    /// logprobs, usage chunk, echo or client request id.
+    fn conversation(
+        route: Route,
+        model: Option<String>,
+        input: ChatInput,
+        sampling: SamplingParams,
+        stream: bool,
+    ) -> Self {
+        GenerationRequest {
+            route,
+            model,
+            request_id: None,
+            item_request_ids: Vec::new(),
+            input: Input::Chat(input),
+            sampling,
+            logprobs: None,
+            stream,
+            include_usage: false,
+            echo: false,
+            suffix: None,
+        }
+    }
+}
+
 /// What the engine generates from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {

@@ -12,9 +12,8 @@ use serde_json::{json, Value};
 
 use super::chat::{thinking_from_effort, MEDIA_TYPES};
 use super::fields::Reader;
-use super::{
-    ChatInput, Constraint, Feature, GenerationRequest, Input, RequestError, SamplingParams,
-};
+use super::sampling;
+use super::{ChatInput, Constraint, Feature, GenerationRequest, RequestError, SamplingParams};
 use pdgate_filters::route::Route;
 
 type Result<T> = std::result::Result<T, RequestError>;
@@ -33,12 +32,7 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
             "top_logprobs",
         ));
     }
-    let tool_choice: Option<Value> = r.optional("tool_choice", "a string or an object")?;
-    let tools: Option<Vec<Value>> = r.optional("tools", "a list of tools")?;
-    let tools = tools.filter(|t| !t.is_empty());
-    if tools.is_some() && !tool_choice.as_ref().is_some_and(|c| c == "none") {
-        return Err(RequestError::unsupported(Feature::ToolCalling, "tools"));
-    }
+    let (tools, tool_choice) = r.template_tools(|choice| choice == "none")?;
 
     let mut messages = Vec::new();
     if let Some(instructions) = r.string("instructions")? {
@@ -76,27 +70,22 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
         ..SamplingParams::default()
     };
 
-    Ok(GenerationRequest {
-        route: Route::Responses,
-        model: r.string("model")?,
-        request_id: None,
-        item_request_ids: Vec::new(),
-        input: Input::Chat(ChatInput {
-            messages,
-            tools: tools.map(Value::Array),
-            tool_choice,
-            chat_template_kwargs: None,
-            add_generation_prompt: true,
-            continue_final_message: false,
-            thinking,
-        }),
+    let input = ChatInput {
+        messages,
+        tools,
+        tool_choice,
+        chat_template_kwargs: None,
+        add_generation_prompt: true,
+        continue_final_message: false,
+        thinking,
+    };
+    Ok(GenerationRequest::conversation(
+        Route::Responses,
+        r.string("model")?,
+        input,
         sampling,
-        logprobs: None,
-        stream: r.flag("stream")?,
-        include_usage: false,
-        echo: false,
-        suffix: None,
-    })
+        r.flag("stream")?,
+    ))
 }
 
 /// One input item → one chat message.
@@ -179,16 +168,10 @@ fn text_format(r: &Reader<'_>) -> Result<Option<Constraint>> {
     let Some(format) = text.object("format", "text.format.")? else {
         return Ok(None);
     };
-    let kind = format
-        .string("type")?
-        .ok_or_else(|| RequestError::field(format.name("type"), TYPES))?;
-    Ok(match kind.as_str() {
+    Ok(match sampling::format_type(&format, TYPES)?.as_str() {
         "text" => None,
         "json_object" => Some(Constraint::JsonObject),
-        "json_schema" => match format.object("schema", "text.format.schema.")? {
-            Some(_) => format.json_text("schema").map(Constraint::JsonSchema),
-            None => Some(Constraint::JsonObject),
-        },
+        "json_schema" => sampling::schema_constraint(&format, "text.format.schema.")?,
         _ => return Err(RequestError::field(format.name("type"), TYPES)),
     })
 }

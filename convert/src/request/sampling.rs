@@ -19,6 +19,20 @@ const GUIDED: [&str; 6] = [
     "structured_outputs",
 ];
 
+/// SGLang extensions every route with SGLang's fields may carry, none served yet.
+pub(super) fn refuse_engine_extras(r: &Reader<'_>) -> Result<()> {
+    for (key, feature) in [
+        ("return_hidden_states", Feature::HiddenStates),
+        ("lora_path", Feature::Lora),
+        ("lora_id", Feature::Lora),
+        ("session_params", Feature::SessionParams),
+        ("custom_logit_processor", Feature::CustomLogitProcessor),
+    ] {
+        r.refuse(key, feature)?;
+    }
+    Ok(())
+}
+
 /// The fields spelled the same on every route that has them (chat, completions, and the
 /// members of `/generate`'s `sampling_params`).
 pub(super) fn shared(r: &Reader<'_>) -> Result<SamplingParams> {
@@ -61,16 +75,8 @@ pub(super) fn openai(r: &Reader<'_>, max_new_tokens: Option<u32>) -> Result<Samp
     for key in GUIDED {
         r.refuse(key, Feature::GuidedDecoding)?;
     }
-    for (key, feature) in [
-        ("use_beam_search", Feature::BeamSearch),
-        ("return_hidden_states", Feature::HiddenStates),
-        ("lora_path", Feature::Lora),
-        ("lora_id", Feature::Lora),
-        ("session_params", Feature::SessionParams),
-        ("custom_logit_processor", Feature::CustomLogitProcessor),
-    ] {
-        r.refuse(key, feature)?;
-    }
+    r.refuse("use_beam_search", Feature::BeamSearch)?;
+    refuse_engine_extras(r)?;
     let mut sampling = shared(r)?;
     sampling.max_new_tokens = max_new_tokens;
     sampling.min_new_tokens = match r.count("min_tokens")? {
@@ -120,25 +126,38 @@ pub(super) fn response_format(r: &Reader<'_>) -> Result<Option<Constraint>> {
     let Some(format) = r.object("response_format", "response_format.")? else {
         return Ok(None);
     };
-    let kind = format
-        .string("type")?
-        .ok_or_else(|| RequestError::field(format.name("type"), TYPES))?;
-    Ok(match kind.as_str() {
+    Ok(match format_type(&format, TYPES)?.as_str() {
         "text" => None,
         "json_object" => Some(Constraint::JsonObject),
         "json_schema" => {
             let spec = format
                 .object("json_schema", "response_format.json_schema.")?
                 .ok_or_else(|| RequestError::field(format.name("json_schema"), "an object"))?;
-            match spec.object("schema", "response_format.json_schema.schema.")? {
-                Some(_) => spec.json_text("schema").map(Constraint::JsonSchema),
-                None => Some(Constraint::JsonObject),
-            }
+            schema_constraint(&spec, "response_format.json_schema.schema.")?
         }
         "structural_tag" => r
             .json_text("response_format")
             .map(Constraint::StructuralTag),
         _ => return Err(RequestError::field(format.name("type"), TYPES)),
+    })
+}
+
+/// The `type` of an output format object.
+pub(super) fn format_type(format: &Reader<'_>, types: &'static str) -> Result<String> {
+    format
+        .string("type")?
+        .ok_or_else(|| RequestError::field(format.name("type"), types))
+}
+
+/// A JSON-schema format's constraint: its `schema` object as JSON text, or any JSON object
+/// when it has no schema.
+pub(super) fn schema_constraint(
+    spec: &Reader<'_>,
+    prefix: &'static str,
+) -> Result<Option<Constraint>> {
+    Ok(match spec.object("schema", prefix)? {
+        Some(_) => spec.json_text("schema").map(Constraint::JsonSchema),
+        None => Some(Constraint::JsonObject),
     })
 }
 
@@ -162,13 +181,8 @@ pub(super) fn string_constraints(
 
 #[cfg(test)]
 mod tests {
+    use super::super::fields::with;
     use super::*;
-    use pdgate_filters::body::scan_object;
-
-    fn with<T>(body: &str, f: impl FnOnce(&Reader<'_>) -> T) -> T {
-        let top = scan_object(body.as_bytes()).unwrap();
-        f(&Reader::top(body.as_bytes(), &top))
-    }
 
     #[test]
     fn response_formats() {

@@ -198,14 +198,7 @@ impl ResponseWriter for ChatWriter {
         }
         self.closed = true;
         if self.spec.stream {
-            if self.spec.include_usage {
-                self.chunk_start(out);
-                out.extend_from_slice(b"],\"usage\":");
-                self.usage.write_openai(out);
-                out.push(b'}');
-                write::event_end(out);
-            }
-            out.extend_from_slice(write::DONE);
+            openai::stream_end(out, &self.head, self.spec.include_usage, &self.usage);
             return;
         }
         out.extend_from_slice(&self.head);
@@ -238,15 +231,7 @@ impl ResponseWriter for ChatWriter {
     }
 
     fn fail(&mut self, out: &mut Vec<u8>, failure: &StreamFailure<'_>) {
-        if self.closed {
-            return;
-        }
-        self.closed = true;
-        if self.spec.stream {
-            openai::error_event(out, failure);
-        } else {
-            openai::error_body(out, failure);
-        }
+        openai::fail(&mut self.closed, self.spec.stream, out, failure);
     }
 
     fn usage(&self) -> &UsageTotals {

@@ -298,15 +298,7 @@ impl ResponseWriter for CompletionsWriter {
         }
         self.closed = true;
         if self.spec.stream {
-            if self.spec.include_usage {
-                write::data_start(out);
-                out.extend_from_slice(&self.head);
-                out.extend_from_slice(b"],\"usage\":");
-                self.usage.write_openai(out);
-                out.push(b'}');
-                write::event_end(out);
-            }
-            out.extend_from_slice(write::DONE);
+            openai::stream_end(out, &self.head, self.spec.include_usage, &self.usage);
             return;
         }
         let with_top = self.top_wanted();
@@ -342,15 +334,7 @@ impl ResponseWriter for CompletionsWriter {
     }
 
     fn fail(&mut self, out: &mut Vec<u8>, failure: &StreamFailure<'_>) {
-        if self.closed {
-            return;
-        }
-        self.closed = true;
-        if self.spec.stream {
-            openai::error_event(out, failure);
-        } else {
-            openai::error_body(out, failure);
-        }
+        openai::fail(&mut self.closed, self.spec.stream, out, failure);
     }
 
     fn usage(&self) -> &UsageTotals {

@@ -348,15 +348,7 @@ impl ResponseWriter for GenerateWriter {
     }
 
     fn fail(&mut self, out: &mut Vec<u8>, failure: &StreamFailure<'_>) {
-        if self.closed {
-            return;
-        }
-        self.closed = true;
-        if self.spec.stream {
-            openai::error_event(out, failure);
-        } else {
-            openai::error_body(out, failure);
-        }
+        openai::fail(&mut self.closed, self.spec.stream, out, failure);
     }
 
     fn usage(&self) -> &UsageTotals {

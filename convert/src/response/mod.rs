@@ -188,6 +188,16 @@ pub fn response_writer(spec: ResponseSpec) -> Option<Box<dyn ResponseWriter>> {
     })
 }
 
+/// A non-streaming response that failed: the gateway's error body
+/// (`pdgate_filters::errors::render_error`).
+fn gateway_error_body(out: &mut Vec<u8>, failure: &StreamFailure<'_>) {
+    out.extend_from_slice(&pdgate_filters::errors::render_error(
+        failure.status,
+        failure.code.as_str(),
+        failure.message,
+    ));
+}
+
 /// The `Content-Type` of a response.
 pub fn content_type(stream: bool) -> &'static str {
     if stream {

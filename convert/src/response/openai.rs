@@ -5,6 +5,7 @@ use pdgate_filters::errors::render_error;
 
 use super::ResponseSpec;
 use crate::event::{FinishReason, MatchedStop, StreamFailure};
+use crate::usage::UsageTotals;
 use crate::write;
 
 /// `{"id":…,"object":<object>,"created":…,"model":…[,"system_fingerprint":…],"choices":[` —
@@ -93,11 +94,35 @@ pub(super) fn error_event(out: &mut Vec<u8>, failure: &StreamFailure<'_>) {
     out.extend_from_slice(write::DONE);
 }
 
-/// A non-streaming response that failed: the gateway's error body.
-pub(super) fn error_body(out: &mut Vec<u8>, failure: &StreamFailure<'_>) {
-    out.extend_from_slice(&render_error(
-        failure.status,
-        failure.code.as_str(),
-        failure.message,
-    ));
+/// Ends an OpenAI-style or `/generate` response with an error, once: the error event when
+/// streaming, the gateway error body otherwise.
+pub(super) fn fail(
+    closed: &mut bool,
+    stream: bool,
+    out: &mut Vec<u8>,
+    failure: &StreamFailure<'_>,
+) {
+    if *closed {
+        return;
+    }
+    *closed = true;
+    if stream {
+        error_event(out, failure);
+    } else {
+        super::gateway_error_body(out, failure);
+    }
+}
+
+/// The end of an OpenAI-style stream: the usage chunk (empty `choices`) when the client asked
+/// for it, then `[DONE]`.
+pub(super) fn stream_end(out: &mut Vec<u8>, head: &[u8], include_usage: bool, usage: &UsageTotals) {
+    if include_usage {
+        write::data_start(out);
+        out.extend_from_slice(head);
+        out.extend_from_slice(b"],\"usage\":");
+        usage.write_openai(out);
+        out.push(b'}');
+        write::event_end(out);
+    }
+    out.extend_from_slice(write::DONE);
 }

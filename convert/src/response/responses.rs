@@ -263,11 +263,7 @@ impl ResponseWriter for ResponsesWriter {
         }
         self.closed = true;
         if !self.spec.stream {
-            out.extend_from_slice(&pdgate_filters::errors::render_error(
-                failure.status,
-                failure.code.as_str(),
-                failure.message,
-            ));
+            super::gateway_error_body(out, failure);
             return;
         }
         self.event(out, "response.failed");
