@@ -126,6 +126,14 @@ catalogue! {
     WorkerAlreadyExists = "WORKER_ALREADY_EXISTS", 409;
     WorkerNotFound = "WORKER_NOT_FOUND", 404;
     InternalServerError = "INTERNAL_SERVER_ERROR", 500;
+    /// gRPC path: request fields that are valid one by one but cannot go together (two output
+    /// constraints, …). SMG's code for the same refusal.
+    InvalidRequestParameters = "invalid_request_parameters", 400;
+    /// gRPC path: image, audio, video or file input (SMG's code; pdgate has no media pipeline).
+    MultimodalNotSupported = "multimodal_not_supported", 400;
+    /// gRPC path: a request feature the gateway-side conversion does not implement yet (tool
+    /// calling, beam search, stored responses, …); the message names the field.
+    FeatureNotSupported = "feature_not_supported", 400;
 }
 
 impl ErrorCode {
@@ -385,6 +393,9 @@ mod tests {
             (NoHealthyWorkerPair, "no_healthy_worker_pair", 503),
             (JsonParseError, "json_parse_error", 400),
             (PayloadTooLarge, "payload_too_large", 413),
+            (InvalidRequestParameters, "invalid_request_parameters", 400),
+            (MultimodalNotSupported, "multimodal_not_supported", 400),
+            (FeatureNotSupported, "feature_not_supported", 400),
         ];
         for (code, s, status) in table {
             assert_eq!(code.as_str(), s);

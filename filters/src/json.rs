@@ -5,6 +5,14 @@
 pub fn push_string(out: &mut Vec<u8>, s: &str) {
     out.reserve(s.len() + 2);
     out.push(b'"');
+    push_string_contents(out, s);
+    out.push(b'"');
+}
+
+/// Appends the escaped contents of `s` without the surrounding quotes. Escaping is per
+/// character, so the contents of `a` then of `b` are the contents of `a + b`: a growing string
+/// can be escaped once, piece by piece.
+pub fn push_string_contents(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
@@ -29,7 +37,6 @@ pub fn push_string(out: &mut Vec<u8>, s: &str) {
         start = i + 1;
     }
     out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
 }
 
 fn push_control_escape(out: &mut Vec<u8>, b: u8) {
@@ -109,6 +116,17 @@ mod tests {
             let back: String = serde_json::from_slice(&text).unwrap();
             assert_eq!(back, s);
         }
+    }
+
+    #[test]
+    fn contents_of_pieces_concatenate_to_the_contents_of_the_whole() {
+        let pieces = ["a\"", "\\b\n", "\u{1}é", ""];
+        let mut out = b"\"".to_vec();
+        for p in pieces {
+            push_string_contents(&mut out, p);
+        }
+        out.push(b'"');
+        assert_eq!(out, string(&pieces.concat()));
     }
 
     #[test]
