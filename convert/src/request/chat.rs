@@ -69,7 +69,7 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
         model: r.string("model")?,
         request_id: request_id(r)?,
         item_request_ids: Vec::new(),
-        input: Input::Chat(ChatInput {
+        input: Input::Chat(Box::new(ChatInput {
             messages,
             tools,
             tool_choice,
@@ -79,7 +79,7 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
             add_generation_prompt: add_generation_prompt && !continue_final_message,
             continue_final_message,
             thinking: thinking_from_effort(r.raw("reasoning_effort")),
-        }),
+        })),
         sampling,
         logprobs,
         stream,

@@ -98,7 +98,7 @@ impl GenerationRequest {
             model,
             request_id: None,
             item_request_ids: Vec::new(),
-            input: Input::Chat(input),
+            input: Input::Chat(Box::new(input)),
             sampling,
             logprobs: None,
             stream,
@@ -112,8 +112,9 @@ impl GenerationRequest {
 /// What the engine generates from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
-    /// A conversation to render with the model's chat template.
-    Chat(ChatInput),
+    /// A conversation to render with the model's chat template (boxed: with serde_json's
+    /// `preserve_order`, which the workspace enables, it outweighs the other variant).
+    Chat(Box<ChatInput>),
     /// Ready prompts, one engine request each (completions, `/generate`).
     Prompts {
         prompts: Vec<Prompt>,
