@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fake_model::{OutputVocab, SamplingSpec};
+
 /// Which PD role the engine plays (SGLang `disaggregation_mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -112,6 +114,8 @@ pub enum MalformedParams {
 pub struct MockEngineConfig {
     pub role: Role,
     pub engine: EngineKind,
+    /// The ids the fake model emits and ends on (default: the HTTP pseudo-words, EOS 2).
+    pub output_vocab: OutputVocab,
     pub connector: Connector,
     pub bind_ip: IpAddr,
     /// API port; 0 = ephemeral.
@@ -180,6 +184,7 @@ impl Default for MockEngineConfig {
         MockEngineConfig {
             role: Role::Both,
             engine: EngineKind::Sglang,
+            output_vocab: OutputVocab::pseudo_words(),
             connector: Connector::Mooncake,
             bind_ip: IpAddr::from([127, 0, 0, 1]),
             port: 0,
@@ -253,6 +258,22 @@ impl MockEngineConfig {
     pub fn with_connector(mut self, c: Connector) -> Self {
         self.connector = c;
         self
+    }
+
+    pub fn with_vocab(mut self, v: OutputVocab) -> Self {
+        self.output_vocab = v;
+        self
+    }
+
+    /// The sampling spec this engine starts every request from (its vocabulary and natural
+    /// EOS period); a test sets the request's knobs on top and passes it to
+    /// [`crate::fake_model::reference`].
+    pub fn sampling_spec(&self) -> SamplingSpec {
+        SamplingSpec {
+            eos_period: self.natural_stop_every,
+            vocab: self.output_vocab.clone(),
+            ..SamplingSpec::default()
+        }
     }
 
     /// The host peers should dial for this engine.

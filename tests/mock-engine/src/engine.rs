@@ -602,6 +602,7 @@ async fn handle_model(
         eos_period: shared.cfg.natural_stop_every,
         max_model_len: shared.cfg.max_model_len as u64,
         header_request_id: headers.get("x-request-id").cloned(),
+        vocab: shared.cfg.output_vocab.clone(),
     };
     let job = job::parse(route, &body, &pctx);
     if let Ok(j) = &job {
@@ -1106,6 +1107,7 @@ pub(crate) async fn api(
                 eos_period: 0,
                 max_model_len: u64::MAX,
                 header_request_id: None,
+                vocab: cfg.output_vocab.clone(),
             };
             match job::parse(Route::Messages, &probe, &pctx) {
                 Ok(j) => server::json(200, &json!({"input_tokens": j.items[0].prompt_ids.len()})),

@@ -44,6 +44,7 @@ pub use config::{
     Role,
 };
 pub use engine::{wait_until, LoadReport, RoomInfo};
+pub use fake_model::{OutputVocab, RefOutput, SamplingSpec};
 pub use records::{Handoff, ItemHandoff, Outcome, ParsedFields, RequestRecord, Stats};
 
 /// A running mock engine. Dropping the handle kills it (listeners and connections closed).

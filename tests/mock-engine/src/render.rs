@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 
 use crate::config::EngineKind;
-use crate::fake_model::{token_text, Finish, GenToken, Matched, EOS};
+use crate::fake_model::{token_text, Finish, GenToken, Matched, OutputVocab};
 use crate::job::{ApiError, Job, LogprobOpts, Route};
 
 pub use crate::fake_model::LogprobRow as LpRow;
@@ -85,6 +85,8 @@ pub struct Renderer {
     return_documents: bool,
     /// vLLM prefill: `kv_transfer_params` for the top level of the non-stream body.
     pub kv_transfer_params: Option<Value>,
+    /// The job's output vocabulary (which ids are EOS).
+    vocab: OutputVocab,
 }
 
 fn unix_now() -> u64 {
@@ -126,6 +128,11 @@ impl Renderer {
             top_n: job.top_n,
             return_documents: job.return_documents,
             kv_transfer_params: None,
+            vocab: job
+                .items
+                .first()
+                .map(|i| i.spec.vocab.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -435,7 +442,9 @@ impl Renderer {
             EngineKind::Vllm => (
                 "stop_reason",
                 match f {
-                    Some(FinishKind::Model(Finish::Stop(Matched::Token(t)))) if *t != EOS => {
+                    Some(FinishKind::Model(Finish::Stop(Matched::Token(t))))
+                        if !self.vocab.is_eos(*t) =>
+                    {
                         json!(t)
                     }
                     Some(FinishKind::Model(Finish::Stop(Matched::Text(s)))) => json!(s),

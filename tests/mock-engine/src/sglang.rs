@@ -407,7 +407,7 @@ pub(crate) async fn run_prefill_item(
         .is_some()
     {
         payload.prompt_state ^= 0x0BAD_0BAD_0BAD_0BAD;
-        payload.t0 = fake_model::word_for(payload.prompt_state);
+        payload.t0 = item.spec.vocab.word_for(payload.prompt_state);
     }
     if let Some(Fault::SlowTransferMs { ms }) =
         shared.has_fault(|f| matches!(f, Fault::SlowTransferMs { .. }))
