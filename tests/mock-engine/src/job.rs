@@ -47,6 +47,8 @@ impl Route {
         match engine {
             EngineKind::Sglang => true,
             EngineKind::Vllm => matches!(self, Route::Chat | Route::Completions | Route::Responses),
+            // gRPC only: no HTTP model route.
+            EngineKind::TokenSpeed => false,
         }
     }
 }
@@ -56,6 +58,24 @@ impl Route {
 pub struct ApiError {
     pub status: u16,
     pub message: String,
+    /// What failed, where a transport answers differently per cause (gRPC).
+    pub kind: ErrorKind,
+}
+
+/// The cause of an [`ApiError`], for the transports that tell causes apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum ErrorKind {
+    /// The request itself, or anything without a more specific cause.
+    #[default]
+    Request,
+    /// A SGLang-style rendezvous that never completed: bootstrap / transfer timeout, prefill
+    /// bootstrap unreachable.
+    KvTimeout,
+    /// A vLLM connector could not load the remote KV (`kv_load_failure_policy = fail`): the
+    /// engine finishes the request with `finish_reason = "error"`.
+    KvLoad,
+    /// An injected gRPC fault (`fail_after_tokens`).
+    Fault(crate::config::GrpcCode),
 }
 
 impl ApiError {
@@ -63,13 +83,19 @@ impl ApiError {
         ApiError {
             status: 400,
             message: m.into(),
+            kind: ErrorKind::Request,
         }
     }
     pub fn internal(m: impl Into<String>) -> Self {
         ApiError {
             status: 500,
             message: m.into(),
+            kind: ErrorKind::Request,
         }
+    }
+    pub fn with_kind(mut self, kind: ErrorKind) -> Self {
+        self.kind = kind;
+        self
     }
 }
 

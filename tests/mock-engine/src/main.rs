@@ -143,7 +143,7 @@ struct Args {
 
 fn config(a: Args) -> Result<MockEngineConfig, String> {
     let connector = a.connector.unwrap_or(match a.engine {
-        EngineKind::Sglang => Connector::Mooncake,
+        EngineKind::Sglang | EngineKind::TokenSpeed => Connector::Mooncake,
         EngineKind::Vllm => Connector::Nixl,
     });
     Ok(MockEngineConfig {
