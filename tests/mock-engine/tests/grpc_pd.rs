@@ -1216,6 +1216,79 @@ async fn tokenspeed_over_http_is_refused() {
 }
 
 #[tokio::test]
+async fn binary_serves_a_grpc_tokenspeed_engine() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mock-engine"))
+        .args([
+            "--engine",
+            "tokenspeed",
+            "--role",
+            "both",
+            "--host",
+            "127.0.5.10",
+            "--output-ids",
+            "1000..1100",
+            "--eos-ids",
+            "7",
+            "--tokenizer-path",
+            "/fixtures/tok",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {line}"))
+            .to_string()
+    };
+    let api = field("api=");
+    let control = field("control=");
+    assert!(api.starts_with("grpc://127.0.5.10:"), "{line}");
+    assert!(control.starts_with("http://127.0.5.10:"), "{line}");
+    let endpoint = api.replace("grpc://", "http://");
+    let channel = tonic::transport::Channel::from_shared(endpoint)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = tokenspeed::token_speed_scheduler_client::TokenSpeedSchedulerClient::new(channel);
+    let m = c
+        .get_model_info(tokenspeed::GetModelInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(m.eos_token_ids, vec![7]);
+    assert_eq!(m.tokenizer_path, "/fixtures/tok");
+    let (_, complete) = tokenspeed_parts(
+        collect(c.generate(tokenspeed_request("bin", &PROMPT, 4, false)))
+            .await
+            .unwrap(),
+    );
+    assert!(complete[0]
+        .output_ids
+        .iter()
+        .all(|t| (1000..1100).contains(t)));
+    let stats = mock_engine::client::get(&format!("{control}/mock/stats"))
+        .await
+        .unwrap();
+    assert_eq!(stats.json()["requests_total"], 1);
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + SECS;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "mock-engine did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
 async fn grpc_eos_is_reported_the_way_each_engine_reports_it() {
     use mock_engine::fake_model::{Finish, Matched};
     let natural = |engine, ip| MockEngineConfig {
