@@ -25,9 +25,13 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::BoxStream;
 use tonic::{Code, Status};
 
-use super::{code_for_status, code_name, count_rpc, status_of, tonic_code, GrpcState, LiveHandle};
+use super::{
+    code_for_status, code_name, count_rpc, metadata_map, status_of, tonic_code, GrpcState,
+    LiveHandle,
+};
 use crate::config::{EngineKind, Fault, GrpcCode};
 use crate::engine::{drive, protocol_name, AsyncStepSink, ReqCtx, Shared};
 use crate::fake_model::{Finish, GenToken, LogprobRow, Matched, SamplingSpec};
@@ -168,6 +172,34 @@ pub(crate) struct InputLogprobs {
 }
 
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<GenOut, Status>> + Send>>;
+
+/// A servicer's `Generate` handler: reads the call with the engine's `record` and `prepare`,
+/// [`run`]s it, and sends the events in the engine's proto (`encode`).
+pub(crate) async fn serve<Req, Resp>(
+    shared: &Arc<Shared>,
+    method_path: &'static str,
+    request: tonic::Request<Req>,
+    record: impl FnOnce(&Req, BTreeMap<String, String>) -> GrpcRequest,
+    prepare: impl FnOnce(&Req) -> Result<Prepared, Status>,
+    encode: impl Fn(GenOut) -> Resp + Send + 'static,
+) -> Result<tonic::Response<BoxStream<Resp>>, Status>
+where
+    Resp: Send + 'static,
+{
+    let peer = request.remote_addr();
+    let metadata = metadata_map(request.metadata());
+    let req = request.into_inner();
+    let call = Call {
+        method_path,
+        request: record(&req, metadata),
+        peer,
+        prepared: prepare(&req),
+    };
+    let events = run(shared, call).await?;
+    Ok(tonic::Response::new(Box::pin(
+        events.map(move |r| r.map(&encode)),
+    )))
+}
 
 /// Runs one `Generate` call. Returns once the response headers would go out: with the first
 /// message (or the error) by default, at once with `headers_at_once`.

@@ -202,6 +202,14 @@ pub fn wire_output_ids(engine: EngineKind, r: &RefOutput, no_stop_trim: bool) ->
     ids
 }
 
+/// Whether `HealthCheck` reports the engine unhealthy: crashed, or the `unhealthy` fault.
+pub(crate) fn unhealthy(shared: &Shared) -> bool {
+    shared.crashed.load(Ordering::SeqCst)
+        || shared
+            .has_fault(|f| matches!(f, crate::config::Fault::Unhealthy))
+            .is_some()
+}
+
 /// Counts one RPC of `method` (`/mock/stats` `rpc_calls`).
 pub(crate) fn count_rpc(shared: &Shared, method: &str) {
     shared

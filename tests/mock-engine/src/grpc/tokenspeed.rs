@@ -18,18 +18,17 @@ use pdgate_proto::tokenspeed::{
     HealthCheckResponse, OutputLogProbs, SamplingParams, SchedulerLoad, TopLogProbs,
 };
 use serde_json::{json, Value};
-use tokio_stream::StreamExt;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use super::generate::{
-    self, build_job, Call, GenOut, JobRequest, MatchedStop, OutputLogprobs, Prepared, WireRules,
+    self, build_job, GenOut, JobRequest, MatchedStop, OutputLogprobs, Prepared, WireRules,
 };
 use super::{
-    bootstrap_items, check_prompt, count_rpc, disaggregation_mode, iso8601_now, metadata_map,
-    rank_loads, timestamp, to_struct,
+    bootstrap_items, check_prompt, count_rpc, disaggregation_mode, iso8601_now, rank_loads,
+    timestamp, to_struct, unhealthy,
 };
-use crate::config::{Fault, MockEngineConfig, Role};
+use crate::config::{MockEngineConfig, Role};
 use crate::engine::Shared;
 use crate::fake_model::SamplingSpec;
 use crate::job::LogprobOpts;
@@ -57,20 +56,17 @@ impl TokenSpeedScheduler for TokenSpeedService {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<BoxStream<GenerateResponse>>, Status> {
-        let peer = request.remote_addr();
-        let metadata = metadata_map(request.metadata());
-        let req = request.into_inner();
-        let call = Call {
-            method_path: GENERATE_PATH,
-            request: record_of(&req, metadata),
-            peer,
-            prepared: prepare(&self.shared.cfg, &req),
-        };
-        let rid = req.request_id;
-        let events = generate::run(&self.shared, call).await?;
-        Ok(Response::new(Box::pin(
-            events.map(move |r| r.map(|ev| encode(&rid, ev))),
-        )))
+        let rid = request.get_ref().request_id.clone();
+        let cfg = &self.shared.cfg;
+        generate::serve(
+            &self.shared,
+            GENERATE_PATH,
+            request,
+            record_of,
+            |req| prepare(cfg, req),
+            move |ev| encode(&rid, ev),
+        )
+        .await
     }
 
     async fn health_check(
@@ -78,10 +74,7 @@ impl TokenSpeedScheduler for TokenSpeedService {
         _request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
         count_rpc(&self.shared, "HealthCheck");
-        let sh = &self.shared;
-        let unhealthy = sh.crashed.load(std::sync::atomic::Ordering::SeqCst)
-            || sh.has_fault(|f| matches!(f, Fault::Unhealthy)).is_some();
-        let resp = match (unhealthy, sh.cfg.role) {
+        let resp = match (unhealthy(&self.shared), self.shared.cfg.role) {
             (true, _) => HealthCheckResponse {
                 healthy: false,
                 message: "Health check timeout after 20s".into(),

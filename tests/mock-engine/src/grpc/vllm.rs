@@ -19,16 +19,15 @@ use pdgate_proto::vllm::{
     SamplingParams, SchedulerLoad, TopLogProbs,
 };
 use serde_json::{json, Map, Value};
-use tokio_stream::StreamExt;
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use super::generate::{
-    self, build_job, Call, GenOut, InputLogprobs, JobRequest, MatchedStop, OutputLogprobs,
-    Prepared, WireRules,
+    self, build_job, GenOut, InputLogprobs, JobRequest, MatchedStop, OutputLogprobs, Prepared,
+    WireRules,
 };
-use super::{check_prompt, count_rpc, iso8601_now, metadata_map, rank_loads};
-use crate::config::{Connector, Fault, MockEngineConfig, Role};
+use super::{check_prompt, count_rpc, iso8601_now, rank_loads, unhealthy};
+use crate::config::{Connector, MockEngineConfig, Role};
 use crate::engine::Shared;
 use crate::fake_model::{self, SamplingSpec};
 use crate::job::LogprobOpts;
@@ -56,18 +55,16 @@ impl VllmEngine for VllmService {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<BoxStream<GenerateResponse>>, Status> {
-        let peer = request.remote_addr();
-        let metadata = metadata_map(request.metadata());
-        let req = request.into_inner();
         let cfg = &self.shared.cfg;
-        let call = Call {
-            method_path: GENERATE_PATH,
-            request: record_of(cfg, &req, metadata),
-            peer,
-            prepared: prepare(cfg, &req),
-        };
-        let events = generate::run(&self.shared, call).await?;
-        Ok(Response::new(Box::pin(events.map(|r| r.map(encode)))))
+        generate::serve(
+            &self.shared,
+            GENERATE_PATH,
+            request,
+            |req, metadata| record_of(cfg, req, metadata),
+            |req| prepare(cfg, req),
+            encode,
+        )
+        .await
     }
 
     async fn health_check(
@@ -75,14 +72,7 @@ impl VllmEngine for VllmService {
         _request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
         count_rpc(&self.shared, "HealthCheck");
-        let unhealthy = self
-            .shared
-            .crashed
-            .load(std::sync::atomic::Ordering::SeqCst)
-            || self
-                .shared
-                .has_fault(|f| matches!(f, Fault::Unhealthy))
-                .is_some();
+        let unhealthy = unhealthy(&self.shared);
         Ok(Response::new(HealthCheckResponse {
             healthy: !unhealthy,
             message: if unhealthy {

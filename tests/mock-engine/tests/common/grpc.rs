@@ -167,57 +167,31 @@ pub fn room63() -> i64 {
     (rand::random::<u64>() & (i64::MAX as u64)) as i64
 }
 
-/// Splits SGLang messages into (chunks, completes).
-pub fn sglang_parts(
-    msgs: Vec<sglang::GenerateResponse>,
-) -> (
-    Vec<sglang::GenerateStreamChunk>,
-    Vec<sglang::GenerateComplete>,
-) {
-    use sglang::generate_response::Response;
-    let mut chunks = Vec::new();
-    let mut completes = Vec::new();
-    for m in msgs {
-        match m.response {
-            Some(Response::Chunk(c)) => chunks.push(c),
-            Some(Response::Complete(c)) => completes.push(c),
-            None => panic!("a message without a response"),
+/// `fn $name(messages) -> (chunks, completes)` for one engine's proto module.
+macro_rules! split_messages {
+    ($name:ident, $proto:ident) => {
+        /// Splits a call's messages into its chunks and its completes.
+        pub fn $name(
+            msgs: Vec<$proto::GenerateResponse>,
+        ) -> (
+            Vec<$proto::GenerateStreamChunk>,
+            Vec<$proto::GenerateComplete>,
+        ) {
+            use $proto::generate_response::Response;
+            let mut chunks = Vec::new();
+            let mut completes = Vec::new();
+            for m in msgs {
+                match m.response {
+                    Some(Response::Chunk(c)) => chunks.push(c),
+                    Some(Response::Complete(c)) => completes.push(c),
+                    None => panic!("a message without a response"),
+                }
+            }
+            (chunks, completes)
         }
-    }
-    (chunks, completes)
+    };
 }
 
-pub fn tokenspeed_parts(
-    msgs: Vec<tokenspeed::GenerateResponse>,
-) -> (
-    Vec<tokenspeed::GenerateStreamChunk>,
-    Vec<tokenspeed::GenerateComplete>,
-) {
-    use tokenspeed::generate_response::Response;
-    let mut chunks = Vec::new();
-    let mut completes = Vec::new();
-    for m in msgs {
-        match m.response {
-            Some(Response::Chunk(c)) => chunks.push(c),
-            Some(Response::Complete(c)) => completes.push(c),
-            None => panic!("a message without a response"),
-        }
-    }
-    (chunks, completes)
-}
-
-pub fn vllm_parts(
-    msgs: Vec<vllm::GenerateResponse>,
-) -> (Vec<vllm::GenerateStreamChunk>, Vec<vllm::GenerateComplete>) {
-    use vllm::generate_response::Response;
-    let mut chunks = Vec::new();
-    let mut completes = Vec::new();
-    for m in msgs {
-        match m.response {
-            Some(Response::Chunk(c)) => chunks.push(c),
-            Some(Response::Complete(c)) => completes.push(c),
-            None => panic!("a message without a response"),
-        }
-    }
-    (chunks, completes)
-}
+split_messages!(sglang_parts, sglang);
+split_messages!(tokenspeed_parts, tokenspeed);
+split_messages!(vllm_parts, vllm);
