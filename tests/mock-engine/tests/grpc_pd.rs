@@ -156,6 +156,26 @@ async fn sglang_grpc_decode_pointed_at_a_wrong_host_fails() {
         );
     }
     assert_eq!(d.records()[0].handoff.peer_addr.as_deref(), Some(&*addr));
+    // SGLang's warmup host: no transfer, the decode runs over KV that never arrived.
+    let mut fake = sglang_request("rid-fake", &PROMPT, 6, false);
+    fake.disaggregated_params = Some(sglang::DisaggregatedParams {
+        bootstrap_host: "2.2.2.2".into(),
+        bootstrap_port: 8998,
+        bootstrap_room: 1,
+    });
+    let (_, c) = sglang_parts(
+        collect(sglang_client(&d).await.generate(fake))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(c[0].output_ids.len(), 6);
+    assert_ne!(
+        c[0].output_ids,
+        d.reference(&PROMPT, &spec(&d, 6), None).token_ids,
+        "garbage is never the reference"
+    );
+    let rec = d.records().pop().unwrap();
+    assert_eq!(rec.handoff.kv_source.as_deref(), Some("fake"));
     // A decode leg without a host is refused outright.
     req.disaggregated_params.as_mut().unwrap().bootstrap_host = String::new();
     let err = collect(sglang_client(&d).await.generate(req))
