@@ -144,10 +144,17 @@ pub struct Gateway {
     pub ledger: Arc<Ledger>,
     /// Serializes reloads (SIGHUP and `POST /reload` may race).
     pub reload_lock: tokio::sync::Mutex<()>,
+    /// The gRPC path's tokenizers.
+    pub models: crate::models::Models,
 }
 
 impl Gateway {
-    pub fn new(startup: LoadedConfig, registry: Arc<Registry>, policies: LegPolicies) -> Gateway {
+    pub fn new(
+        startup: LoadedConfig,
+        registry: Arc<Registry>,
+        policies: LegPolicies,
+        models: crate::models::Models,
+    ) -> Gateway {
         let cfg = startup.gateway.clone();
         let source = startup.source.clone();
         let settings = Settings::from_config(&cfg);
@@ -163,6 +170,7 @@ impl Gateway {
             model_labels: ModelLabels::new(),
             ledger: Ledger::new(),
             reload_lock: tokio::sync::Mutex::new(()),
+            models,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod ledger;
 pub mod legs;
 pub mod metrics;
+pub mod models;
 pub mod policy;
 pub mod proxy;
 pub mod reload;

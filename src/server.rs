@@ -60,7 +60,8 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     let listen = cfg.listen_addr();
     let admin_addr = cfg.admin_addr();
     let prometheus_addr = cfg.prometheus_addr();
-    let gw = Arc::new(Gateway::new(loaded, registry, policies));
+    let models = crate::models::Models::load(&cfg).map_err(BuildError)?;
+    let gw = Arc::new(Gateway::new(loaded, registry, policies, models));
 
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();

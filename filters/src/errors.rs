@@ -134,6 +134,43 @@ catalogue! {
     /// gRPC path: a request feature the gateway-side conversion does not implement yet (tool
     /// calling, beam search, stored responses, …); the message names the field.
     FeatureNotSupported = "feature_not_supported", 400;
+    /// gRPC path: the engine refused the prefill leg; its gRPC status mapped to HTTP
+    /// ([`grpc_status_to_http`]) is sent with this code.
+    PrefillWorkerFailedToStart = "prefill_worker_failed_to_start", 503;
+    /// gRPC path: the engine refused the decode leg (status as for the prefill).
+    DecodeWorkerFailedToStart = "decode_worker_failed_to_start", 503;
+    /// gRPC path: the prefill stream failed after it started (vLLM: before its handoff came).
+    PrefillStreamError = "prefill_stream_error", 502;
+    /// gRPC path: the decode stream failed before anything reached the client.
+    WorkerStreamFailed = "worker_stream_failed", 502;
+    /// gRPC path: the selected runtime has no PD protocol (TensorRT-LLM, MLX, unknown).
+    RuntimePdNotSupported = "runtime_pd_not_supported", 400;
+    /// gRPC path: MoRI-IO PD is served only by the HTTP PD router.
+    MoriioGrpcPdUnsupported = "moriio_grpc_pd_unsupported", 501;
+    /// gRPC path: the prompt exceeds the smaller context window of the two legs.
+    ContextLengthExceeded = "context_length_exceeded", 400;
+    /// gRPC path: no tokenizer could be loaded for the request's model (`--model-path`,
+    /// `--tokenizer-path`, or the worker's reported tokenizer path on this host).
+    TokenizerUnavailable = "tokenizer_unavailable", 503;
+}
+
+/// HTTP status for a gRPC status code (the engines' servicers: INVALID_ARGUMENT for bad input,
+/// INTERNAL for the rest), SMG's table: client-class codes are 4xx, UNAVAILABLE 503,
+/// DEADLINE_EXCEEDED 504, UNIMPLEMENTED 501, anything else 500.
+pub const fn grpc_status_to_http(code: i32) -> u16 {
+    match code {
+        // INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, CANCELLED
+        3 | 9 | 11 | 1 => 400,
+        16 => 401,     // UNAUTHENTICATED
+        7 => 403,      // PERMISSION_DENIED
+        5 => 404,      // NOT_FOUND
+        6 | 10 => 409, // ALREADY_EXISTS, ABORTED
+        8 => 429,      // RESOURCE_EXHAUSTED
+        14 => 503,     // UNAVAILABLE
+        4 => 504,      // DEADLINE_EXCEEDED
+        12 => 501,     // UNIMPLEMENTED
+        _ => 500,
+    }
 }
 
 impl ErrorCode {
@@ -396,10 +433,48 @@ mod tests {
             (InvalidRequestParameters, "invalid_request_parameters", 400),
             (MultimodalNotSupported, "multimodal_not_supported", 400),
             (FeatureNotSupported, "feature_not_supported", 400),
+            (RuntimePdNotSupported, "runtime_pd_not_supported", 400),
+            (MoriioGrpcPdUnsupported, "moriio_grpc_pd_unsupported", 501),
+            (ContextLengthExceeded, "context_length_exceeded", 400),
+            (
+                PrefillWorkerFailedToStart,
+                "prefill_worker_failed_to_start",
+                503,
+            ),
+            (
+                DecodeWorkerFailedToStart,
+                "decode_worker_failed_to_start",
+                503,
+            ),
         ];
         for (code, s, status) in table {
             assert_eq!(code.as_str(), s);
             assert_eq!(code.status(), status, "{s}");
+        }
+    }
+
+    #[test]
+    fn grpc_statuses_map_to_smgs_http_table() {
+        let table = [
+            (3, 400),
+            (9, 400),
+            (11, 400),
+            (1, 400),
+            (16, 401),
+            (7, 403),
+            (5, 404),
+            (6, 409),
+            (10, 409),
+            (8, 429),
+            (14, 503),
+            (4, 504),
+            (12, 501),
+            (13, 500),
+            (2, 500),
+            (15, 500),
+        ];
+        for (code, status) in table {
+            assert_eq!(grpc_status_to_http(code), status, "gRPC code {code}");
         }
     }
 

@@ -126,6 +126,11 @@ pub struct GatewayConfig {
     #[arg(long, help_heading = "PD Disaggregation")]
     pub tokenizer_path: Option<String>,
 
+    /// gRPC only: a chat template file (`.jinja`, or `.json` with `chat_template`) that wins over
+    /// the model directory's templates.
+    #[arg(long, help_heading = "PD Disaggregation")]
+    pub chat_template: Option<String>,
+
     // ---- Listeners ----------------------------------------------------------------------------
     /// Address of the serving listener.
     #[arg(long, default_value = defaults::HOST, help_heading = "Listeners")]

@@ -246,7 +246,6 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("mm_per_request_image_limit", Ignored, "media limits are the engine's over HTTP"),
         ("max_buffered_request_bytes", Ignored, "PD requests are always buffered, up to --max-payload-size"),
         ("stream_body_stall_timeout_secs", Ignored, "PD request bodies are read whole, bounded by --body-read-timeout-secs"),
-        ("chat_template", Ignored, "gRPC pipeline only"),
         ("disable_tokenizer_autoload", Ignored, "gRPC pipeline only"),
         ("tokenizer_cache_enable_l0", Ignored, "gRPC pipeline only"),
         ("tokenizer_cache_l0_max_entries", Ignored, "gRPC pipeline only"),
@@ -445,8 +444,6 @@ pub struct SmgOnlyFlags {
     #[arg(long, hide = true)]
     stream_body_stall_timeout_secs: Option<String>,
     #[arg(long, hide = true)]
-    chat_template: Option<String>,
-    #[arg(long, hide = true)]
     disable_tokenizer_autoload: bool,
     #[arg(long, hide = true)]
     tokenizer_cache_enable_l0: bool,
@@ -579,7 +576,6 @@ impl SmgOnlyFlags {
             mm_per_request_image_limit,
             max_buffered_request_bytes,
             stream_body_stall_timeout_secs,
-            chat_template,
             disable_tokenizer_autoload,
             tokenizer_cache_enable_l0,
             tokenizer_cache_l0_max_entries,

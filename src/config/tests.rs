@@ -649,6 +649,8 @@ fn grpc_only_flags_parse_into_the_model() {
         "meta/llama",
         "--tokenizer-path",
         "/tok",
+        "--chat-template",
+        "/t.jinja",
         "--pd-admission-wait-secs",
         "0",
     ])
@@ -656,6 +658,7 @@ fn grpc_only_flags_parse_into_the_model() {
     .gateway;
     assert_eq!(g.model_path.as_deref(), Some("meta/llama"));
     assert_eq!(g.tokenizer_path.as_deref(), Some("/tok"));
+    assert_eq!(g.chat_template.as_deref(), Some("/t.jinja"));
     assert_eq!(g.pd_admission_wait_secs, 0);
 }
 

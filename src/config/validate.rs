@@ -410,6 +410,7 @@ fn validate_ranges(cfg: &GatewayConfig) -> Result<(), ConfigError> {
     for (key, value) in [
         ("model_path", &cfg.model_path),
         ("tokenizer_path", &cfg.tokenizer_path),
+        ("chat_template", &cfg.chat_template),
     ] {
         if value.as_deref().is_some_and(str::is_empty) {
             return Err(ConfigError::invalid_key(key, "must not be empty when set"));

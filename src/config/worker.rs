@@ -215,7 +215,7 @@ pub fn parse_worker_url(url: &str) -> Result<WorkerUrl, String> {
 
 /// Whether this build can route to `grpc(s)://` workers. The gRPC pipeline is not built yet;
 /// until it is, such workers are refused at intake rather than registered and never used.
-pub const GRPC_WORKERS_SUPPORTED: bool = false;
+pub const GRPC_WORKERS_SUPPORTED: bool = true;
 
 /// The label keys that mean something to pdgate (http-pd-spec §3.1, spec "MoRI-IO").
 pub mod label {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use pingora::proxy::Session;
 
 use super::request::PdRequest;
-use super::{moriio, parallel, sequential};
+use super::{grpc, moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
 use crate::ledger::Handoff;
@@ -58,6 +58,8 @@ pub async fn serve(
     let retry = &settings.retry;
     let deadline = ctx.started + settings.request_timeout;
     let model = req.facts.model.as_deref();
+    // gRPC legs: the request converted and tokenized once, on its first gRPC attempt.
+    let mut prepared = None;
     loop {
         ctx.attempts += 1;
         let snap = gw.registry.snapshot();
@@ -93,7 +95,23 @@ pub async fn serve(
                 // otherwise the prefill's runtime picks the dispatch mode.
                 // A MoRI-IO prefill paired with anything else is refused there too ("a leg that
                 // is not a MoRIIOConnector worker"), rather than silently running passthrough.
-                if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
+                if pair.prefill.is_grpc() {
+                    let mut slot = None;
+                    let outcome = Box::pin(grpc::attempt(
+                        gw,
+                        session,
+                        ctx,
+                        &req,
+                        &pair,
+                        &mut prepared,
+                        &mut slot,
+                    ))
+                    .await;
+                    match slot {
+                        Some(handoff) => outcome.settle(&handoff),
+                        None => outcome,
+                    }
+                } else if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
                     Box::pin(moriio::attempt(gw, session, ctx, &req, &pair)).await
                 } else {
                     let mut slot = None;

@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod dispatch;
+pub mod grpc;
 pub mod moriio;
 pub mod parallel;
 pub mod pool;

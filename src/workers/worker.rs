@@ -72,7 +72,10 @@ impl WorkerAddress {
     /// Parses an `http(s)://host[:port][/path][@rank]` worker URL. The scheme must be lowercase.
     pub fn parse(url: &str) -> Result<WorkerAddress, String> {
         let (base, dp_rank) = split_dp_suffix(url);
-        let (tls, rest) = if let Some(r) = base.strip_prefix("http://") {
+        let (tls, rest) = if let Some(r) = base
+            .strip_prefix("http://")
+            .or_else(|| base.strip_prefix("grpc://"))
+        {
             (false, r)
         } else if let Some(r) = base.strip_prefix("https://") {
             (true, r)
@@ -220,6 +223,9 @@ pub struct Worker {
     /// At or above the overload thresholds in the latest report.
     overloaded: AtomicBool,
     active_gauge: IntGauge,
+    /// gRPC workers: the data plane's channel, created on first use (TEMP shim until the
+    /// gRPC worker plumbing lands).
+    grpc_channel: OnceLock<tonic::transport::Channel>,
 }
 
 impl Worker {
@@ -263,6 +269,7 @@ impl Worker {
             load: ArcSwapOption::empty(),
             overloaded: AtomicBool::new(false),
             active_gauge,
+            grpc_channel: OnceLock::new(),
         });
         w.publish_health();
         w
@@ -412,6 +419,45 @@ impl Worker {
         METRICS
             .worker_routing_keys_active
             .with_label_values(&[self.url()])
+    }
+}
+
+// ---- TEMP shims: replaced by the gRPC worker plumbing (branch grpc-workers) ----------------
+impl Worker {
+    pub fn is_grpc(&self) -> bool {
+        self.spec.url.starts_with("grpc://")
+    }
+
+    pub fn grpc_channel(&self) -> tonic::transport::Channel {
+        self.grpc_channel
+            .get_or_init(|| {
+                let uri = format!("http://{}", self.socket);
+                tonic::transport::Endpoint::from_shared(uri)
+                    .expect("a socket address is a valid URI")
+                    .tcp_nodelay(true)
+                    .connect_lazy()
+            })
+            .clone()
+    }
+
+    pub fn kv_connector(&self) -> Option<String> {
+        self.spec.kv_connector.clone()
+    }
+
+    pub fn kv_engine_id(&self) -> Option<String> {
+        self.spec.kv_engine_id.clone()
+    }
+
+    pub fn dp_size(&self) -> Option<u32> {
+        self.spec.dp_size
+    }
+
+    pub fn tokenizer_source(&self) -> Option<std::path::PathBuf> {
+        let l = &self.spec.labels;
+        l.get("tokenizer_path")
+            .or_else(|| l.get("model_path"))
+            .map(std::path::PathBuf::from)
+            .filter(|p| p.exists())
     }
 }
 

@@ -1,0 +1,319 @@
+//! The three engines' `Generate` and `Abort` RPCs behind one shape: a request built for one
+//! engine, a response stream read as engine-neutral [`Message`]s, and an abort by request id.
+//!
+//! What differs per engine stays here (digest §1.3–1.5, §1.7): vLLM's response has no request
+//! id and its `Abort` takes a list; its chunk counters are per message, SGLang's and
+//! TokenSpeed's are running totals. In stream mode a `complete` repeats only the last delta in
+//! `output_ids` (the servicers' code), so the stream's tokens come from the chunks.
+
+use pdgate_proto::{sglang, tokenspeed, vllm};
+use tonic::transport::Channel;
+use tonic::{Status, Streaming};
+
+use crate::config::RuntimeType;
+
+/// An engine with a PD protocol over gRPC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Sglang,
+    Vllm,
+    TokenSpeed,
+}
+
+impl Engine {
+    /// The engine of a runtime; `None` for runtimes without a PD protocol.
+    pub fn of(runtime: RuntimeType) -> Option<Engine> {
+        match runtime {
+            RuntimeType::Sglang => Some(Engine::Sglang),
+            RuntimeType::Vllm => Some(Engine::Vllm),
+            RuntimeType::Tokenspeed => Some(Engine::TokenSpeed),
+            _ => None,
+        }
+    }
+
+    /// Whether chunk counters are running totals (else per message).
+    fn cumulative_counts(self) -> bool {
+        self != Engine::Vllm
+    }
+}
+
+/// A `GenerateRequest` for one engine.
+pub enum GenerateRequest {
+    Sglang(Box<sglang::GenerateRequest>),
+    Vllm(Box<vllm::GenerateRequest>),
+    TokenSpeed(Box<tokenspeed::GenerateRequest>),
+}
+
+/// Logprobs of output tokens, as the engines report them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OutputLogprobs {
+    pub token_logprobs: Vec<f32>,
+    pub token_ids: Vec<u32>,
+    /// Per position: (logprobs, token ids) of the alternatives.
+    pub top: Vec<(Vec<f32>, Vec<u32>)>,
+}
+
+/// The stop an engine reports having matched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineStop {
+    TokenId(u32),
+    Text(String),
+}
+
+/// New tokens of one choice.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Chunk {
+    pub index: u32,
+    pub token_ids: Vec<u32>,
+    pub prompt_tokens: u32,
+    /// Running total (converted for vLLM, whose chunks count per message).
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+    pub logprobs: Option<OutputLogprobs>,
+}
+
+/// The end of one choice.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Complete {
+    pub index: u32,
+    /// All output ids in a non-streamed call; in a stream only the last delta (ignored there).
+    pub output_ids: Vec<u32>,
+    pub finish_reason: String,
+    pub matched: Option<EngineStop>,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+    pub logprobs: Option<OutputLogprobs>,
+    /// vLLM: the handoff a prefill returns (`None` when absent or empty).
+    pub kv_transfer_params_json: Option<String>,
+}
+
+/// One response message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Chunk(Chunk),
+    Complete(Complete),
+}
+
+/// A `Generate` response stream.
+pub struct ResponseStream {
+    engine: Engine,
+    inner: Inner,
+    /// vLLM: completion tokens so far per choice (its chunks count per message).
+    totals: Vec<u32>,
+}
+
+enum Inner {
+    Sglang(Streaming<sglang::GenerateResponse>),
+    Vllm(Streaming<vllm::GenerateResponse>),
+    TokenSpeed(Streaming<tokenspeed::GenerateResponse>),
+}
+
+/// Starts `Generate` on `channel`. Resolves when the server's response headers arrive — with
+/// the Python grpc.aio servicers, together with the first message (or the error).
+pub async fn generate(channel: Channel, req: GenerateRequest) -> Result<ResponseStream, Status> {
+    let (engine, inner) = match req {
+        GenerateRequest::Sglang(r) => (
+            Engine::Sglang,
+            Inner::Sglang(
+                sglang::sglang_scheduler_client::SglangSchedulerClient::new(channel)
+                    .generate(*r)
+                    .await?
+                    .into_inner(),
+            ),
+        ),
+        GenerateRequest::Vllm(r) => (
+            Engine::Vllm,
+            Inner::Vllm(
+                vllm::vllm_engine_client::VllmEngineClient::new(channel)
+                    .generate(*r)
+                    .await?
+                    .into_inner(),
+            ),
+        ),
+        GenerateRequest::TokenSpeed(r) => (
+            Engine::TokenSpeed,
+            Inner::TokenSpeed(
+                tokenspeed::token_speed_scheduler_client::TokenSpeedSchedulerClient::new(channel)
+                    .generate(*r)
+                    .await?
+                    .into_inner(),
+            ),
+        ),
+    };
+    Ok(ResponseStream {
+        engine,
+        inner,
+        totals: Vec::new(),
+    })
+}
+
+/// Asks the engine to abort `request_id` (SGLang and TokenSpeed take a reason, vLLM a list).
+pub async fn abort(
+    channel: Channel,
+    engine: Engine,
+    request_id: String,
+    reason: &str,
+) -> Result<(), Status> {
+    match engine {
+        Engine::Sglang => {
+            sglang::sglang_scheduler_client::SglangSchedulerClient::new(channel)
+                .abort(sglang::AbortRequest {
+                    request_id,
+                    reason: reason.to_string(),
+                })
+                .await?;
+        }
+        Engine::Vllm => {
+            vllm::vllm_engine_client::VllmEngineClient::new(channel)
+                .abort(vllm::AbortRequest {
+                    request_ids: vec![request_id],
+                })
+                .await?;
+        }
+        Engine::TokenSpeed => {
+            tokenspeed::token_speed_scheduler_client::TokenSpeedSchedulerClient::new(channel)
+                .abort(tokenspeed::AbortRequest {
+                    request_id,
+                    reason: reason.to_string(),
+                })
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+impl ResponseStream {
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// The next message; `None` when the stream ended normally.
+    pub async fn next(&mut self) -> Result<Option<Message>, Status> {
+        let msg = match &mut self.inner {
+            Inner::Sglang(s) => s.message().await?.and_then(|r| r.response).map(sglang_msg),
+            Inner::Vllm(s) => s.message().await?.and_then(|r| r.response).map(vllm_msg),
+            Inner::TokenSpeed(s) => s
+                .message()
+                .await?
+                .and_then(|r| r.response)
+                .map(tokenspeed_msg),
+        };
+        let Some(mut msg) = msg else {
+            return Ok(None);
+        };
+        if !self.engine.cumulative_counts() {
+            if let Message::Chunk(c) = &mut msg {
+                let i = c.index as usize;
+                if self.totals.len() <= i {
+                    self.totals.resize(i + 1, 0);
+                }
+                self.totals[i] += c.token_ids.len() as u32;
+                c.completion_tokens = self.totals[i];
+            }
+        }
+        Ok(Some(msg))
+    }
+}
+
+macro_rules! logprobs_of {
+    ($lp:expr) => {
+        $lp.map(|lp| OutputLogprobs {
+            token_logprobs: lp.token_logprobs,
+            token_ids: lp.token_ids,
+            top: lp
+                .top_logprobs
+                .into_iter()
+                .map(|t| (t.values, t.token_ids))
+                .collect(),
+        })
+    };
+}
+
+fn sglang_msg(r: sglang::generate_response::Response) -> Message {
+    use sglang::generate_complete::MatchedStop;
+    use sglang::generate_response::Response;
+    match r {
+        Response::Chunk(c) => Message::Chunk(Chunk {
+            index: c.index,
+            token_ids: c.token_ids,
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+            cached_tokens: c.cached_tokens,
+            logprobs: logprobs_of!(c.output_logprobs),
+        }),
+        Response::Complete(c) => Message::Complete(Complete {
+            index: c.index,
+            output_ids: c.output_ids,
+            finish_reason: c.finish_reason,
+            matched: c.matched_stop.map(|m| match m {
+                MatchedStop::MatchedTokenId(t) => EngineStop::TokenId(t),
+                MatchedStop::MatchedStopStr(s) => EngineStop::Text(s),
+            }),
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+            cached_tokens: c.cached_tokens,
+            logprobs: logprobs_of!(c.output_logprobs),
+            kv_transfer_params_json: None,
+        }),
+    }
+}
+
+fn vllm_msg(r: vllm::generate_response::Response) -> Message {
+    use vllm::generate_complete::MatchedStop;
+    use vllm::generate_response::Response;
+    match r {
+        Response::Chunk(c) => Message::Chunk(Chunk {
+            index: c.index,
+            token_ids: c.token_ids,
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+            cached_tokens: c.cached_tokens,
+            logprobs: logprobs_of!(c.output_logprobs),
+        }),
+        Response::Complete(c) => Message::Complete(Complete {
+            index: c.index,
+            output_ids: c.output_ids,
+            finish_reason: c.finish_reason,
+            matched: c.matched_stop.map(|m| match m {
+                MatchedStop::MatchedTokenId(t) => EngineStop::TokenId(t),
+                MatchedStop::MatchedStopStr(s) => EngineStop::Text(s),
+            }),
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+            cached_tokens: c.cached_tokens,
+            logprobs: logprobs_of!(c.output_logprobs),
+            // An empty string counts as absent (digest §1.4).
+            kv_transfer_params_json: c.kv_transfer_params_json.filter(|j| !j.trim().is_empty()),
+        }),
+    }
+}
+
+fn tokenspeed_msg(r: tokenspeed::generate_response::Response) -> Message {
+    use tokenspeed::generate_complete::MatchedStop;
+    use tokenspeed::generate_response::Response;
+    match r {
+        Response::Chunk(c) => Message::Chunk(Chunk {
+            index: c.index,
+            token_ids: c.token_ids,
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+            cached_tokens: c.cached_tokens,
+            logprobs: logprobs_of!(c.output_logprobs),
+        }),
+        Response::Complete(c) => Message::Complete(Complete {
+            index: c.index,
+            output_ids: c.output_ids,
+            finish_reason: c.finish_reason,
+            matched: c.matched_stop.map(|m| match m {
+                MatchedStop::MatchedTokenId(t) => EngineStop::TokenId(t),
+                MatchedStop::MatchedStopStr(s) => EngineStop::Text(s),
+            }),
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+            cached_tokens: c.cached_tokens,
+            logprobs: logprobs_of!(c.output_logprobs),
+            kv_transfer_params_json: None,
+        }),
+    }
+}

@@ -1,0 +1,193 @@
+//! One gRPC leg (a `Generate` call on one worker) that always tells the engine when the gateway
+//! lets go of it before it completed: dropping a [`GrpcLeg`] that is not marked completed sends
+//! the engine's `Abort` RPC (digest §2.19).
+//!
+//! * A prefill leg is aborted at once: if it is still prefilling, nothing was handed off yet.
+//! * A decode leg that has produced nothing yet (`defer_abort`) may still be receiving its KV,
+//!   and aborting it then can crash or leak on the engine side. So its call is moved into a
+//!   background task that waits for its first message or its end — at most
+//!   [`DEFERRED_ABORT_CAP`] — and only then aborts. After its first message the abort is
+//!   immediate.
+//!
+//! Python grpc.aio servicers send response headers only with the first message, so a call that
+//! has not "opened" has produced nothing: the deferral covers that window too.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::transport::Channel;
+use tonic::Status;
+
+use super::engine::{self, Engine, GenerateRequest, Message, ResponseStream};
+use crate::workers::Worker;
+
+/// The longest a dropped decode that produced nothing is waited on before its abort.
+pub const DEFERRED_ABORT_CAP: Duration = Duration::from_secs(30);
+
+/// Deadline of one `Abort` RPC.
+const ABORT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The reason sent with an abort (SGLang, TokenSpeed).
+const ABORT_REASON: &str = "Stream dropped";
+
+type PendingCall = Pin<Box<dyn Future<Output = Result<ResponseStream, Status>> + Send>>;
+
+enum Call {
+    Pending(PendingCall),
+    /// Boxed: a stream is large and a leg lives as long as its response.
+    Open(Box<ResponseStream>),
+    /// Completed, failed, or handed to the abort task.
+    Over,
+}
+
+/// A leg in flight. See the module doc for what dropping it does.
+pub struct GrpcLeg {
+    engine: Engine,
+    channel: Channel,
+    request_id: String,
+    pub worker: Arc<Worker>,
+    call: Call,
+    defer_abort: bool,
+    /// A message arrived (the engine is past its KV wait).
+    yielded: bool,
+    /// The engine accepted the call (its headers came).
+    opened: bool,
+}
+
+impl GrpcLeg {
+    /// Sends `req` to `worker`. `defer_abort`: this is a decode leg (see the module doc).
+    pub fn start(
+        worker: Arc<Worker>,
+        channel: Channel,
+        engine: Engine,
+        request_id: String,
+        req: GenerateRequest,
+        defer_abort: bool,
+    ) -> GrpcLeg {
+        let call = Box::pin(engine::generate(channel.clone(), req));
+        GrpcLeg {
+            engine,
+            channel,
+            request_id,
+            worker,
+            call: Call::Pending(call),
+            defer_abort,
+            yielded: false,
+            opened: false,
+        }
+    }
+
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// Waits until the call is open (the engine accepted it); an error status is the engine
+    /// refusing the leg (the call is then over: nothing to abort).
+    pub async fn opened(&mut self) -> Result<(), Status> {
+        if let Call::Pending(call) = &mut self.call {
+            match call.await {
+                Ok(stream) => {
+                    self.call = Call::Open(Box::new(stream));
+                    self.opened = true;
+                }
+                Err(status) => {
+                    self.call = Call::Over;
+                    return Err(status);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The next message (opening the call first if needed). `Ok(None)`: the stream ended. An
+    /// error or the end of the stream makes the leg over (no abort).
+    pub async fn next(&mut self) -> Result<Option<Message>, Status> {
+        self.opened().await?;
+        let Call::Open(stream) = &mut self.call else {
+            return Ok(None);
+        };
+        match stream.next().await {
+            Ok(Some(m)) => {
+                self.yielded = true;
+                Ok(Some(m))
+            }
+            Ok(None) => {
+                self.call = Call::Over;
+                Ok(None)
+            }
+            Err(status) => {
+                self.call = Call::Over;
+                Err(status)
+            }
+        }
+    }
+
+    /// Whether the engine accepted the call (a later error is a stream failure, not a refusal).
+    pub fn was_opened(&self) -> bool {
+        self.opened
+    }
+
+    /// The leg ended normally: dropping it sends no abort.
+    pub fn completed(&mut self) {
+        self.call = Call::Over;
+    }
+}
+
+impl Drop for GrpcLeg {
+    fn drop(&mut self) {
+        let call = std::mem::replace(&mut self.call, Call::Over);
+        if matches!(call, Call::Over) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (channel, engine, request_id) = (
+            self.channel.clone(),
+            self.engine,
+            std::mem::take(&mut self.request_id),
+        );
+        let deferred = self.defer_abort && !self.yielded;
+        let url = self.worker.url().to_string();
+        rt.spawn(async move {
+            if deferred {
+                // Keep the call (and its HTTP/2 stream) alive until the decode shows life or
+                // ends: closing it now would cancel a decode that may be receiving KV.
+                let running = tokio::time::timeout(DEFERRED_ABORT_CAP, still_running(call))
+                    .await
+                    .unwrap_or(true);
+                if !running {
+                    return;
+                }
+            } else {
+                drop(call);
+            }
+            match tokio::time::timeout(
+                ABORT_DEADLINE,
+                engine::abort(channel, engine, request_id.clone(), ABORT_REASON),
+            )
+            .await
+            {
+                Ok(Ok(())) => log::debug!("aborted {request_id} on {url}"),
+                Ok(Err(s)) => log::debug!("abort of {request_id} on {url}: {}", s.message()),
+                Err(_) => log::debug!("abort of {request_id} on {url} timed out"),
+            }
+        });
+    }
+}
+
+/// Resolves when the call produced its first message (`true`: it still runs and needs its
+/// abort), or ended or failed on its own (`false`).
+async fn still_running(call: Call) -> bool {
+    let mut stream = match call {
+        Call::Pending(c) => match c.await {
+            Ok(s) => s,
+            Err(_) => return false,
+        },
+        Call::Open(s) => *s,
+        Call::Over => return false,
+    };
+    matches!(stream.next().await, Ok(Some(m)) if !matches!(m, Message::Complete(_)))
+}

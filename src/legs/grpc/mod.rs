@@ -1,0 +1,245 @@
+//! PD legs over gRPC: `grpc://` workers are another transport for the same attempt loop (same
+//! pair selection, retries, breakers, ledger and metrics as HTTP), but the gateway prepares
+//! the engine's input itself and turns its token stream into the client's response.
+//!
+//! `prepare` (once per request: convert, template, tokenize) → `build` (each engine's
+//! `GenerateRequest`) → `parallel` (SGLang, TokenSpeed) or `sequential` (vLLM) over `leg` (a
+//! `Generate` call that aborts itself when dropped, through `engine`) → `relay` (detokenize,
+//! stops, the route's JSON or SSE).
+
+pub mod build;
+pub mod engine;
+pub mod leg;
+pub mod parallel;
+pub mod prepare;
+pub mod relay;
+pub mod sequential;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pdgate_filters::errors::{grpc_status_to_http, ErrorCode};
+use pdgate_filters::handoff::vllm::Connector;
+use pingora::proxy::Session;
+use tonic::Status;
+
+use self::engine::{Engine, Message};
+use self::leg::GrpcLeg;
+use self::prepare::Prepared;
+use super::dispatch::Attempt;
+use super::parallel::PdLabels;
+use super::request::PdRequest;
+use crate::gateway::Gateway;
+use crate::ledger::Handoff;
+use crate::metrics::METRICS;
+use crate::proxy::ctx::RequestCtx;
+use crate::reply::Reply;
+use crate::workers::select::Pair;
+use crate::workers::Worker;
+
+/// One gRPC attempt on `pair`. `prepared` holds the request's conversion and tokens across
+/// attempts (computed on the first); `slot` receives the rendezvous the attempt opens.
+pub async fn attempt(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &PdRequest,
+    pair: &Pair,
+    prepared: &mut Option<Arc<Prepared>>,
+    slot: &mut Option<Arc<Handoff>>,
+) -> Attempt {
+    let runtime = pair.prefill.runtime();
+    let Some(engine) = Engine::of(runtime) else {
+        return Attempt::Refused(Reply::error(
+            ErrorCode::RuntimePdNotSupported,
+            format!(
+                "the selected runtime ({}) has no PD protocol over gRPC; PD legs need SGLang, \
+                 vLLM or TokenSpeed workers",
+                runtime.as_str()
+            ),
+        ));
+    };
+    if Engine::of(pair.decode.runtime()) != Some(engine) {
+        return Attempt::Refused(Reply::error(
+            ErrorCode::NoCompatiblePdPair,
+            "gRPC PD keeps both legs on one runtime; the selected pair mixes two",
+        ));
+    }
+    let moriio =
+        |w: &Worker| Connector::from_name(w.kv_connector().as_deref()) == Connector::MoriIo;
+    if moriio(&pair.prefill) || moriio(&pair.decode) {
+        return Attempt::Refused(Reply::error(
+            ErrorCode::MoriioGrpcPdUnsupported,
+            "MoRI-IO PD is supported only by the HTTP PD router; register the engines' HTTP endpoints",
+        ));
+    }
+    let p = match prepared {
+        Some(p) => p.clone(),
+        None => {
+            let prep = tokio::select! {
+                p = prepare::prepare(gw, req, pair) => p,
+                _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
+            };
+            match prep {
+                Ok(p) => prepared.insert(p).clone(),
+                Err(reply) => return Attempt::Refused(reply),
+            }
+        }
+    };
+    let legs = Legs {
+        gw,
+        req,
+        pair,
+        base_id: p
+            .gen
+            .request_id
+            .clone()
+            .unwrap_or_else(|| ctx.request_id.clone()),
+        labels: PdLabels::new(ctx, pair),
+    };
+    match engine {
+        Engine::Vllm => Box::pin(sequential::attempt(&legs, session, ctx, &p, slot)).await,
+        _ => Box::pin(parallel::attempt(&legs, session, ctx, &p, engine, slot)).await,
+    }
+}
+
+/// What the dispatch modes share for one attempt.
+pub struct Legs<'a> {
+    pub gw: &'a Gateway,
+    pub req: &'a PdRequest,
+    pub pair: &'a Pair,
+    /// The client's request id (or the gateway's), the base of each attempt's engine id.
+    base_id: String,
+    labels: PdLabels,
+}
+
+impl Legs<'_> {
+    /// The engine request id of one attempt: the same on both legs, new for every attempt (a
+    /// NIXL prefill keeps an id alive until its KV lease expires, so a retry must not reuse it).
+    pub fn attempt_request_id(&self) -> String {
+        format!("{}-{}", self.base_id, uuid::Uuid::now_v7())
+    }
+
+    pub fn labels(&self) -> &PdLabels {
+        &self.labels
+    }
+
+    pub fn keyed(&self) -> bool {
+        self.req.routing.routing_key.is_some()
+    }
+
+    /// The DP rank a leg to `w` carries (`--dp-aware` only).
+    pub fn dp_rank(&self, w: &Worker) -> Option<i32> {
+        if self.gw.settings().dp_aware {
+            w.address.dp_rank.map(|r| r as i32)
+        } else {
+            None
+        }
+    }
+
+    /// The prefill's (rank, size) under `--dp-aware`, for rooms that land on its rank.
+    pub fn prefill_dp(&self) -> Option<(u32, u32)> {
+        let w = &self.pair.prefill;
+        if self.gw.settings().dp_aware {
+            w.address.dp_rank.zip(w.dp_size())
+        } else {
+            None
+        }
+    }
+
+    /// The prefill finished (duration from dispatch).
+    pub fn prefill_done(&self, dispatched: Instant) {
+        METRICS
+            .pd_prefill_duration
+            .with_label_values(&self.labels.as_array())
+            .observe(dispatched.elapsed().as_secs_f64());
+    }
+}
+
+/// A fresh room: SGLang's is an int32 (uniform in [0, 2^31-1)), TokenSpeed's 63 bits. Under
+/// DP the room lands on the prefill's rank (`room % size == rank`), as TokenSpeed places by it.
+pub fn mint_room(engine: Engine, dp: Option<(u32, u32)>) -> u64 {
+    let bound: u64 = match engine {
+        Engine::Sglang => i32::MAX as u64,
+        _ => i64::MAX as u64,
+    };
+    let room = rand::random::<u64>() % bound;
+    match dp {
+        Some((rank, size)) if size > 1 && rank < size => {
+            let size = u64::from(size);
+            let aligned = room - room % size + u64::from(rank);
+            if aligned >= bound {
+                aligned - size
+            } else {
+                aligned
+            }
+        }
+        _ => room,
+    }
+}
+
+/// The answer when the engine refused a leg (`Generate` ended with a status before any message):
+/// the leg's code with the status mapped to HTTP; server-side statuses may be retried.
+pub fn leg_failed_to_start(leg: &str, status: &Status) -> Reply {
+    let http = grpc_status_to_http(status.code() as i32);
+    let code = if leg == "prefill" {
+        ErrorCode::PrefillWorkerFailedToStart
+    } else {
+        ErrorCode::DecodeWorkerFailedToStart
+    };
+    Reply::error_with_status(
+        http,
+        code,
+        format!("the {leg} worker refused the request: {}", status.message()),
+    )
+    .retryable(http >= 500)
+}
+
+/// A prefill stream that failed after it started (the decode cannot get its KV).
+pub fn stream_failed(status: &Status) -> Reply {
+    Reply::error(
+        ErrorCode::PrefillStreamError,
+        format!("the prefill stream failed: {}", status.message()),
+    )
+    .retryable(true)
+}
+
+/// Drains a parallel prefill that is still running after the decode started: it completes on
+/// its own (no abort), bounded by `deadline`; its breaker and duration are recorded when it ends.
+pub fn spawn_prefill_drain(
+    mut prefill: GrpcLeg,
+    handoff: Arc<Handoff>,
+    deadline: Duration,
+    labels: &PdLabels,
+    dispatched: Instant,
+) {
+    let labels = labels.clone();
+    tokio::spawn(async move {
+        let _handoff = handoff;
+        let drained = tokio::time::timeout(deadline, async {
+            loop {
+                match prefill.next().await {
+                    Ok(Some(Message::Chunk(_))) => continue,
+                    Ok(Some(Message::Complete(_))) | Ok(None) => return Ok(()),
+                    Err(status) => return Err(status),
+                }
+            }
+        })
+        .await;
+        match drained {
+            Ok(Ok(())) => {
+                prefill.completed();
+                prefill.worker.record_leg(Some(200));
+                METRICS
+                    .pd_prefill_duration
+                    .with_label_values(&labels.as_array())
+                    .observe(dispatched.elapsed().as_secs_f64());
+            }
+            Ok(Err(status)) => prefill
+                .worker
+                .record_leg(Some(grpc_status_to_http(status.code() as i32))),
+            // Past its deadline: dropped, so aborted.
+            Err(_) => prefill.worker.record_leg(None),
+        }
+    });
+}
