@@ -311,6 +311,14 @@ async fn count_tokens(
     }
     let snap = gw.registry.snapshot();
     let available: Vec<_> = snap.prefills.iter().filter(|w| is_available(w)).collect();
+    // A gRPC fleet has no HTTP endpoint to ask: the gateway's tokenizer answers, no leg.
+    if let Some(w) = available.iter().find(|w| w.is_grpc()) {
+        let source = w.tokenizer_source();
+        drop(snap);
+        let reply = Box::pin(crate::legs::grpc::count_tokens(gw, session, source)).await;
+        reply::send(session, ctx, reply).await?;
+        return Ok(true);
+    }
     let chosen = if available.is_empty() {
         None
     } else {

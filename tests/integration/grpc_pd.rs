@@ -124,3 +124,399 @@ async fn tokenspeed_grpc_chat_equals_a_single_worker() {
 async fn vllm_grpc_chat_equals_a_single_worker() {
     pd_chat_matches_the_reference(EngineKind::Vllm, ([127, 0, 30, 5], [127, 0, 30, 6])).await;
 }
+
+/// The prompt ids a single worker sees for a completions / `/generate` text prompt.
+fn prompt_ids(text: &str) -> Vec<u32> {
+    Tokenizer::from_dir(model_dir())
+        .unwrap()
+        .encode(text, true)
+        .unwrap()
+}
+
+fn decode_ids(ids: &[u32]) -> String {
+    Tokenizer::from_dir(model_dir())
+        .unwrap()
+        .decode(ids, true)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_in_its_own_shape_over_grpc() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 11]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 12]).await;
+    let gw = gateway(&p, &d).await;
+    let spec = |n| mock_engine::fake_model::SamplingSpec {
+        max_new_tokens: n,
+        ..d.sampling_spec()
+    };
+
+    // Completions: text, usage.
+    let want = d.reference(&prompt_ids("Once upon a time"), &spec(6), None);
+    let r = gw
+        .post(
+            "/v1/completions",
+            &json!({"model": "mock-model", "prompt": "Once upon a time", "max_tokens": 6}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(
+        v["choices"][0]["text"],
+        decode_ids(&want.token_ids).as_str()
+    );
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64(),
+        Some(want.token_ids.len() as u64)
+    );
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64(),
+        Some(prompt_ids("Once upon a time").len() as u64)
+    );
+
+    // /generate: SGLang's native shape, output ids.
+    let r = gw
+        .post(
+            "/generate",
+            &json!({"text": "Once upon a time", "sampling_params": {"max_new_tokens": 6}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["text"], decode_ids(&want.token_ids).as_str());
+    assert_eq!(
+        v["output_ids"],
+        json!(want.token_ids),
+        "the engine's ids are passed on"
+    );
+    assert_eq!(v["meta_info"]["finish_reason"]["type"], "length");
+
+    // /generate with input ids.
+    let ids = prompt_ids("Once upon a time");
+    let r = gw
+        .post(
+            "/generate",
+            &json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 6}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["output_ids"], json!(want.token_ids));
+
+    // Anthropic messages.
+    let messages = json!([{"role": "user", "content": "Say something about the weather."}]);
+    let want_chat = reference_text(&d, &messages, 5);
+    let r = gw
+        .post(
+            "/v1/messages",
+            &json!({"model": "mock-model", "max_tokens": 5, "messages": messages}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["content"][0]["text"], want_chat.as_str());
+    assert_eq!(v["stop_reason"], "max_tokens");
+    let r = gw
+        .post(
+            "/v1/messages",
+            &json!({"model": "mock-model", "max_tokens": 5, "messages": messages, "stream": true}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    assert!(text.contains("event: message_start"), "{text}");
+    assert!(text.contains("event: message_stop"), "{text}");
+
+    // Responses (not stored).
+    let r = gw
+        .post(
+            "/v1/responses",
+            &json!({"model": "mock-model", "max_output_tokens": 5, "input": "Say something about the weather.", "store": false}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["object"], "response");
+}
+
+fn error_code(r: &mock_engine::client::Response) -> String {
+    r.json()["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_decode_answers_at_once_and_the_prefill_is_aborted() {
+    use mock_engine::{Fault, GrpcCode};
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 21]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 22]).await;
+    let gw = gateway(&p, &d).await;
+    d.inject(Fault::GrpcStatus {
+        code: GrpcCode::InvalidArgument,
+        message: Some("bad sampling".into()),
+        count: Some(1),
+        matcher: Default::default(),
+    })
+    .await;
+    let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(error_code(&r), "decode_worker_failed_to_start");
+    assert!(r.text().contains("bad sampling"), "{}", r.text());
+    // The prefill was still waiting for its decode: the gateway told it to stop.
+    let id = p.records()[0].grpc.as_ref().unwrap().request_id.clone();
+    let aborted = p
+        .wait_for(Duration::from_secs(5), |e| {
+            e.aborts().iter().any(|a| a.request_ids.contains(&id))
+        })
+        .await;
+    assert!(aborted, "no Abort for {id}: {:?}", p.aborts());
+    assert!(p.wait_idle(Duration::from_secs(5)).await, "{:?}", p.rooms());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_prefill_answers_at_once_and_the_waiting_decode_is_not_cut() {
+    use mock_engine::{Fault, GrpcCode};
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 23]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 24]).await;
+    let gw = gateway(&p, &d).await;
+    p.inject(Fault::GrpcStatus {
+        code: GrpcCode::InvalidArgument,
+        message: Some("prompt too long".into()),
+        count: Some(1),
+        matcher: Default::default(),
+    })
+    .await;
+    let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(error_code(&r), "prefill_worker_failed_to_start");
+    // The decode was waiting for KV that never comes: the gateway kept its call open until the
+    // engine ended it (aborting a decode mid-transfer can crash or leak on the engine).
+    let ended = d
+        .wait_for(Duration::from_secs(10), |e| {
+            e.records()
+                .first()
+                .is_some_and(|r| r.outcome.grpc_code.is_some() || r.outcome.cancelled)
+        })
+        .await;
+    assert!(ended, "{:?}", d.records());
+    let rec = &d.records()[0];
+    assert!(
+        !rec.outcome.cancelled,
+        "the decode was cut while waiting for its KV: {:?}",
+        rec.outcome
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_stream_aborts_the_decode() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 25]).await;
+    let mut dc = MockEngineConfig::grpc_test(EngineKind::Sglang, Role::Decode, [127, 0, 30, 26])
+        .with_vocab(vocab());
+    dc.itl_ms = 50;
+    let d = MockEngine::spawn(dc).await.unwrap();
+    let gw = gateway(&p, &d).await;
+    let mut s = gw.stream("/v1/chat/completions", &chat(200, true)).await;
+    assert_eq!(s.status, 200);
+    let first = s
+        .next_chunk()
+        .await
+        .expect("a first chunk")
+        .expect("readable");
+    assert!(!first.data.is_empty());
+    drop(s);
+    let aborted = d
+        .wait_for(Duration::from_secs(5), |e| !e.aborts().is_empty())
+        .await;
+    assert!(aborted, "the decode was not aborted: {:?}", d.records());
+    let id = d.records()[0].grpc.as_ref().unwrap().request_id.clone();
+    assert!(d.aborts()[0].request_ids.contains(&id));
+    assert!(d.wait_idle(Duration::from_secs(5)).await);
+}
+
+async fn vllm_pair(
+    connector: mock_engine::Connector,
+    ips: ([u8; 4], [u8; 4]),
+) -> (MockEngine, MockEngine) {
+    let cfg = |role, ip| {
+        MockEngineConfig::grpc_test(EngineKind::Vllm, role, ip)
+            .with_vocab(vocab())
+            .with_connector(connector)
+    };
+    (
+        MockEngine::spawn(cfg(Role::Prefill, ips.0)).await.unwrap(),
+        MockEngine::spawn(cfg(Role::Decode, ips.1)).await.unwrap(),
+    )
+}
+
+fn decode_params(d: &MockEngine) -> Value {
+    let rec = d.records().last().cloned().expect("a decode record");
+    let json = rec
+        .grpc
+        .unwrap()
+        .kv_transfer_params_json
+        .expect("params on the decode leg");
+    serde_json::from_str(&json).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_nixl_relays_the_prefill_params_verbatim_and_the_decode_skips_the_prompt() {
+    let (p, d) = vllm_pair(
+        mock_engine::Connector::Nixl,
+        ([127, 0, 31, 1], [127, 0, 31, 2]),
+    )
+    .await;
+    let gw = gateway(&p, &d).await;
+    let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let prefill = p.records()[0].grpc.clone().unwrap();
+    assert_eq!(
+        prefill.sampling.max_new_tokens,
+        Some(1),
+        "prefill capped at one token"
+    );
+    assert!(!prefill.stream);
+    let tag: Value =
+        serde_json::from_str(prefill.kv_transfer_params_json.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        tag,
+        json!({"do_remote_decode": true, "do_remote_prefill": false})
+    );
+    let params = decode_params(&d);
+    assert_eq!(params["do_remote_prefill"], true);
+    assert!(params["remote_block_ids"].is_array(), "{params}");
+    assert_eq!(params["remote_engine_id"], p.engine_id().as_str());
+    let usage = &r.json()["usage"];
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"],
+        "the decode received the KV: {usage}"
+    );
+    assert!(
+        p.wait_for(Duration::from_secs(5), |e| e.stats().pinned_blocks == 0)
+            .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_mooncake_mints_the_decode_params_from_the_prefill_engine_id() {
+    let (p, d) = vllm_pair(
+        mock_engine::Connector::Mooncake,
+        ([127, 0, 31, 3], [127, 0, 31, 4]),
+    )
+    .await;
+    let gw = gateway(&p, &d).await;
+    let want = reference_text(&d, &chat(4, false)["messages"], 4);
+    let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], want.as_str());
+    let tag: Value = serde_json::from_str(
+        p.records()[0]
+            .grpc
+            .as_ref()
+            .unwrap()
+            .kv_transfer_params_json
+            .as_deref()
+            .unwrap(),
+    )
+    .unwrap();
+    let tid = tag["transfer_id"]
+        .as_str()
+        .expect("a minted transfer id")
+        .to_string();
+    assert!(tid.starts_with("xfer-"));
+    let params = decode_params(&d);
+    assert_eq!(params["transfer_id"], tid.as_str());
+    assert_eq!(params["remote_engine_id"], p.engine_id().as_str());
+    assert_eq!(
+        params["remote_bootstrap_addr"],
+        format!("http://{}:{}", p.host(), p.bootstrap_port().unwrap()).as_str()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_mooncake_without_an_engine_id_sends_the_legacy_bootstrap_fields() {
+    let (p, d) = vllm_pair(
+        mock_engine::Connector::Mooncake,
+        ([127, 0, 31, 5], [127, 0, 31, 6]),
+    )
+    .await;
+    let mut ps = spec(&p);
+    ps.as_object_mut().unwrap().remove("kv_engine_id");
+    if let Some(l) = ps["labels"].as_object_mut() {
+        l.remove("kv_engine_id");
+    }
+    let extra = format!("  model_path: {}\n", model_dir().display());
+    let mut gw = Gateway::start(&[ps, spec(&d)], &extra).await;
+    gw.wait_ready().await;
+    let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let rec = d.records().last().cloned().unwrap().grpc.unwrap();
+    assert!(rec.kv_transfer_params_json.is_none(), "{rec:?}");
+    let legacy = rec.kv_transfer_params_legacy.expect("legacy typed params");
+    assert_eq!(legacy.remote_host, p.host());
+    assert_eq!(legacy.remote_port, u32::from(p.bootstrap_port().unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_is_answered_by_the_gateway_without_any_leg() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 31, 11]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 31, 12]).await;
+    let gw = gateway(&p, &d).await;
+    let messages = json!([{"role": "user", "content": "Say something about the weather."}]);
+    let r = gw
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": "mock-model", "messages": messages}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let tok = Tokenizer::from_dir(model_dir()).unwrap();
+    let text = tok
+        .render_chat(&pdgate_tokenize::ChatInput {
+            messages: messages.as_array().unwrap(),
+            tools: None,
+            documents: None,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            template_kwargs: None,
+        })
+        .unwrap();
+    assert_eq!(
+        r.json()["input_tokens"].as_u64(),
+        Some(tok.encode(&text, false).unwrap().len() as u64)
+    );
+    assert!(p.records().is_empty() && d.records().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_stop_strings_are_enforced_by_the_gateway_not_sent_to_the_engine() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 31, 13]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 31, 14]).await;
+    let gw = gateway(&p, &d).await;
+    let full = reference_text(&d, &chat(16, false)["messages"], 16);
+    // A stop string from the middle of what the model says (ASCII, so the cut is exact).
+    let chars: Vec<char> = full.chars().collect();
+    let start = (4..chars.len() - 3)
+        .find(|&i| chars[i..i + 3].iter().all(|c| c.is_ascii_alphanumeric()))
+        .expect("three ASCII letters in the reference");
+    let stop: String = chars[start..start + 3].iter().collect();
+    let cut = &full[..full.find(&stop).unwrap()];
+    let mut body = chat(16, false);
+    body["stop"] = json!([stop]);
+    let r = gw.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        v["choices"][0]["message"]["content"], cut,
+        "stop {stop:?} in {full:?}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let rec = d.records()[0].grpc.clone().unwrap();
+    assert!(
+        rec.sampling.stop.is_empty(),
+        "SGLang's gRPC worker refuses string stops"
+    );
+    // Streamed, the same text (the stop withheld until it could no longer match).
+    body["stream"] = json!(true);
+    let r = gw.post("/v1/chat/completions", &body).await;
+    assert_eq!(sse_text(&r.text()), cut);
+}

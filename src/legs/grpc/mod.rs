@@ -243,3 +243,74 @@ pub fn spawn_prefill_drain(
         }
     });
 }
+
+/// `/v1/messages/count_tokens` for a gRPC fleet: the Anthropic body rendered with the chat
+/// template and counted with the gateway's tokenizer (`{"input_tokens": N}`); no leg is
+/// contacted. `source`: the prefill's reported tokenizer path (the fallback source).
+pub async fn count_tokens(
+    gw: &Gateway,
+    session: &mut Session,
+    source: Option<std::path::PathBuf>,
+) -> Reply {
+    let s = gw.settings();
+    let body = match crate::proxy::body::read_body(session, s.max_payload_size, s.body_read_timeout)
+        .await
+    {
+        Ok(b) => b,
+        Err(refusal) => return refusal.reply,
+    };
+    let top = match pdgate_filters::scan_object(&body) {
+        Ok(t) => t,
+        Err(e) => return Reply::error(ErrorCode::JsonParseError, e.to_string()),
+    };
+    let gen = match pdgate_convert::convert_request(pdgate_filters::Route::Messages, &body, &top) {
+        Ok(g) => g,
+        Err(e) => return Reply::error_with_status(e.status(), e.code(), e.to_string()),
+    };
+    let tokenizer = match gw.models.tokenizer(source.as_deref()).await {
+        Ok(t) => t,
+        Err(why) => return Reply::error(ErrorCode::TokenizerUnavailable, why),
+    };
+    let pdgate_convert::Input::Chat(chat) = &gen.input else {
+        return Reply::error(ErrorCode::InvalidRequest, "field `messages` is required");
+    };
+    let rendered = tokenizer.render_chat(&pdgate_tokenize::ChatInput {
+        messages: &chat.messages,
+        tools: chat
+            .tools
+            .as_ref()
+            .and_then(|t| t.as_array())
+            .map(Vec::as_slice),
+        documents: None,
+        add_generation_prompt: chat.add_generation_prompt,
+        continue_final_message: chat.continue_final_message,
+        template_kwargs: chat.chat_template_kwargs.as_ref(),
+    });
+    let text = match rendered {
+        Ok(t) => t,
+        Err(e) => {
+            return Reply::error(
+                ErrorCode::InvalidRequest,
+                format!("the chat template could not render these messages: {e}"),
+            )
+        }
+    };
+    let counted = if text.len() >= 8 * 1024 {
+        let tok = tokenizer.clone();
+        tokio::task::spawn_blocking(move || tok.count_tokens(&text, false))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+    } else {
+        tokenizer
+            .count_tokens(&text, false)
+            .map_err(|e| e.to_string())
+    };
+    match counted {
+        Ok(n) => Reply::json(200, format!("{{\"input_tokens\":{n}}}")),
+        Err(e) => Reply::error(
+            ErrorCode::InvalidRequest,
+            format!("could not tokenize: {e}"),
+        ),
+    }
+}
