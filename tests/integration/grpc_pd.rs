@@ -520,3 +520,86 @@ async fn sglang_stop_strings_are_enforced_by_the_gateway_not_sent_to_the_engine(
     let r = gw.post("/v1/chat/completions", &body).await;
     assert_eq!(sse_text(&r.text()), cut);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_leg_is_retried_with_a_new_room_and_request_id() {
+    use mock_engine::{Fault, GrpcCode};
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 31, 15]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 31, 16]).await;
+    let gw = gateway(&p, &d).await;
+    p.inject(Fault::GrpcStatus {
+        code: GrpcCode::Unavailable,
+        message: None,
+        count: Some(1),
+        matcher: Default::default(),
+    })
+    .await;
+    let want = reference_text(&d, &chat(4, false)["messages"], 4);
+    let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], want.as_str());
+    let ids: Vec<_> = p
+        .records()
+        .iter()
+        .map(|r| r.grpc.clone().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "one refused attempt, one retry");
+    assert_ne!(
+        ids[0].request_id, ids[1].request_id,
+        "a retry never reuses an engine id"
+    );
+    assert_ne!(
+        ids[0].bootstrap.as_ref().map(|b| b.room),
+        ids[1].bootstrap.as_ref().map(|b| b.room),
+        "a retry mints a new room"
+    );
+    let base = r.json()["id"].as_str().unwrap().to_string();
+    assert!(
+        ids[1].request_id.starts_with(&format!("{base}-")),
+        "{} vs {base}",
+        ids[1].request_id
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_during_the_prefill_aborts_the_prefill_at_once() {
+    use mock_engine::Fault;
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 31, 17]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 31, 18]).await;
+    let gw = gateway(&p, &d).await;
+    p.inject(Fault::Hang {
+        count: Some(1),
+        matcher: Default::default(),
+    })
+    .await;
+    let opts = mock_engine::client::ClientOptions {
+        source_ip: None,
+        timeout: Some(Duration::from_millis(500)),
+    };
+    let body = bytes::Bytes::from(chat(4, false).to_string());
+    let r = mock_engine::client::request_with(
+        &opts,
+        "POST",
+        &gw.url("/v1/chat/completions"),
+        &[("content-type", "application/json")],
+        Some(body),
+    )
+    .await;
+    assert!(r.is_err(), "the client gave up first");
+    let started = p
+        .wait_for(Duration::from_secs(5), |e| !e.records().is_empty())
+        .await;
+    assert!(started);
+    let id = p.records()[0].grpc.as_ref().unwrap().request_id.clone();
+    let aborted = p
+        .wait_for(Duration::from_secs(5), |e| {
+            e.aborts().iter().any(|a| a.request_ids.contains(&id))
+        })
+        .await;
+    assert!(
+        aborted,
+        "the hanging prefill was not aborted: {:?}",
+        p.records()
+    );
+    assert!(p.wait_idle(Duration::from_secs(5)).await, "{:?}", p.rooms());
+}
