@@ -16,6 +16,16 @@ use serde_json::{json, Value};
 
 /// The demo's configuration, compiled in so `pdgate demo` runs from anywhere.
 pub const DEMO_CONF: &str = include_str!("../conf/demo.yaml");
+/// The gRPC half's configuration.
+pub const DEMO_GRPC_CONF: &str = include_str!("../conf/demo-grpc.yaml");
+
+/// gRPC engines: (host, api port, control port, bootstrap port).
+const GRPC_PREFILL: (&str, u16, u16, u16) = ("127.0.0.1", 31011, 31021, 31911);
+const GRPC_DECODE: (&str, u16, u16) = ("127.0.0.1", 31012, 31022);
+const GRPC_REFERENCE: (&str, u16, u16) = ("127.0.0.1", 31013, 31023);
+const GRPC_GATEWAY: (&str, u16) = ("127.0.0.1", 30001);
+/// Where the demo writes its model directory (conf/demo-grpc.yaml's `model_path`).
+const GRPC_MODEL_DIR: &str = "/tmp/pdgate-demo-model";
 
 const PREFILL: (&str, u16, u16) = ("127.0.0.1", 31001, 31901);
 const DECODE: (&str, u16) = ("127.0.0.1", 31002);
@@ -70,6 +80,15 @@ fn demo(args: DemoArgs) -> Result<(), String> {
         REFERENCE,
         GATEWAY,
         ("127.0.0.1", 29000),
+        (GRPC_PREFILL.0, GRPC_PREFILL.1),
+        (GRPC_PREFILL.0, GRPC_PREFILL.2),
+        (GRPC_PREFILL.0, GRPC_PREFILL.3),
+        (GRPC_DECODE.0, GRPC_DECODE.1),
+        (GRPC_DECODE.0, GRPC_DECODE.2),
+        (GRPC_REFERENCE.0, GRPC_REFERENCE.1),
+        (GRPC_REFERENCE.0, GRPC_REFERENCE.2),
+        GRPC_GATEWAY,
+        ("127.0.0.1", 29001),
     ] {
         if TcpStream::connect((host, port)).is_ok() {
             return Err(format!(
@@ -156,6 +175,7 @@ fn demo(args: DemoArgs) -> Result<(), String> {
     for (i, (path, body)) in cases.iter().enumerate() {
         all_ok &= show_case(i + 1, path, body)?;
     }
+    all_ok &= grpc_demo(&exe, &mock, &mut children, cases.len() + 1)?;
     println!(
         "{}",
         if all_ok {
@@ -362,4 +382,232 @@ fn http(addr: (&str, u16), method: &str, path: &str, body: Option<&Value>) -> Ht
 /// Where the demo's config lives in the source tree (for docs and tests).
 pub fn demo_conf_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("conf/demo.yaml")
+}
+
+/// The gRPC half: SGLang engines over gRPC behind a second gateway that tokenizes with a
+/// generated model directory; the PD text is compared with the reference engine's answer to the
+/// same token ids, detokenized with the same tokenizer.
+fn grpc_demo(
+    exe: &Path,
+    mock: &Path,
+    children: &mut Children,
+    first: usize,
+) -> Result<bool, String> {
+    let model = Path::new(GRPC_MODEL_DIR);
+    pdgate_tokenize::fixture::write_model_dir(model)
+        .map_err(|e| format!("writing the demo model to {}: {e}", model.display()))?;
+    let port = |p: u16| p.to_string();
+    let vocab = format!("256..{}", 256 + pdgate_tokenize::fixture::MERGES);
+    let eos = pdgate_tokenize::fixture::IM_END_ID.to_string();
+    let common = [
+        "--transport",
+        "grpc",
+        "--output-ids",
+        &vocab,
+        "--eos-ids",
+        &eos,
+    ];
+    let engines: [(&str, Vec<String>); 3] = [
+        (
+            "gRPC prefill",
+            vec![
+                "--role".into(),
+                "prefill".into(),
+                "--port".into(),
+                port(GRPC_PREFILL.1),
+                "--control-port".into(),
+                port(GRPC_PREFILL.2),
+                "--bootstrap-port".into(),
+                port(GRPC_PREFILL.3),
+            ],
+        ),
+        (
+            "gRPC decode",
+            vec![
+                "--role".into(),
+                "decode".into(),
+                "--port".into(),
+                port(GRPC_DECODE.1),
+                "--control-port".into(),
+                port(GRPC_DECODE.2),
+            ],
+        ),
+        (
+            "gRPC reference",
+            vec![
+                "--role".into(),
+                "both".into(),
+                "--port".into(),
+                port(GRPC_REFERENCE.1),
+                "--control-port".into(),
+                port(GRPC_REFERENCE.2),
+            ],
+        ),
+    ];
+    for (name, args) in &engines {
+        let mut all: Vec<&str> = common.to_vec();
+        all.extend(args.iter().map(String::as_str));
+        spawn_mock(children, mock, name, &all)?;
+    }
+    let conf = std::env::temp_dir().join(format!("pdgate-demo-grpc-{}.yaml", std::process::id()));
+    std::fs::write(&conf, DEMO_GRPC_CONF)
+        .map_err(|e| format!("writing {}: {e}", conf.display()))?;
+    let gateway = Command::new(exe)
+        .arg("run")
+        .arg("-c")
+        .arg(&conf)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("starting the gRPC gateway: {e}"))?;
+    children.0.push(("gRPC gateway".into(), gateway));
+    wait_ready_at(GRPC_GATEWAY, Duration::from_secs(20))?;
+    println!(
+        "pdgate demo — the same over gRPC: SGLang engines take token ids, the gateway tokenizes"
+    );
+    println!(
+        "  prefill  grpc://{}:{}  (bootstrap :{})   decode grpc://{}:{}   gateway http://{}:{}  (conf/demo-grpc.yaml)",
+        GRPC_PREFILL.0, GRPC_PREFILL.1, GRPC_PREFILL.3, GRPC_DECODE.0, GRPC_DECODE.1,
+        GRPC_GATEWAY.0, GRPC_GATEWAY.1
+    );
+    println!("  tokenizer and chat template: {GRPC_MODEL_DIR} (a small generated BPE model)\n");
+    let tokenizer = pdgate_tokenize::Tokenizer::from_dir(model)
+        .map_err(|e| format!("loading the demo tokenizer: {e}"))?;
+    let mut ok = true;
+    for (i, stream) in [false, true].into_iter().enumerate() {
+        let messages = json!([{"role": "user", "content": "Why split prefill from decode?"}]);
+        let body = json!({"model": "mock-model", "messages": messages, "max_tokens": 12, "stream": stream});
+        println!(
+            "[{}] POST /v1/chat/completions over gRPC{}",
+            first + i,
+            if stream { "  (streamed)" } else { "" }
+        );
+        let (status, _, pd_body) = http(GRPC_GATEWAY, "POST", "/v1/chat/completions", Some(&body))?;
+        let pd_text = generated_text("/v1/chat/completions", &pd_body, stream);
+        println!("    gateway answered {status}, text: {pd_text:?}");
+        let prefill = last_grpc_record(GRPC_PREFILL.2)?;
+        let decode = last_grpc_record(GRPC_DECODE.2)?;
+        let p_room = &prefill["grpc"]["bootstrap"]["room"];
+        let d_room = &decode["grpc"]["bootstrap"]["room"];
+        println!(
+            "    prefill leg: {} prompt token ids, bootstrap_room={p_room}; decode leg: bootstrap_room={d_room}, KV from {}",
+            prefill["grpc"]["input_ids"].as_array().map_or(0, Vec::len),
+            decode["handoff"]["peer_addr"]
+        );
+        let ref_text = grpc_reference(&tokenizer, &messages, 12)?;
+        let same_room = p_room.is_number() && p_room == d_room;
+        let same_text = !pd_text.is_empty() && pd_text == ref_text;
+        println!(
+            "    same room on both legs: {}   PD text == reference text: {}\n",
+            yes_no(same_room),
+            yes_no(same_text)
+        );
+        ok &= status == 200 && same_room && same_text;
+    }
+    let _ = std::fs::remove_file(&conf);
+    Ok(ok)
+}
+
+fn wait_ready_at(addr: (&str, u16), deadline: Duration) -> Result<(), String> {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if let Ok((200, _, _)) = http(addr, "GET", "/readiness", None) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "the gateway on :{} did not become ready within 20 s",
+        addr.1
+    ))
+}
+
+fn last_grpc_record(control_port: u16) -> Result<Value, String> {
+    let (_, _, body) = http(("127.0.0.1", control_port), "GET", "/mock/requests", None)?;
+    let all: Value = serde_json::from_slice(&body).map_err(|e| format!("/mock/requests: {e}"))?;
+    let list = all.get("requests").unwrap_or(&all);
+    list.as_array()
+        .and_then(|l| l.iter().rev().find(|r| !r["grpc"].is_null()))
+        .cloned()
+        .ok_or_else(|| format!("the engine on :{control_port} recorded no Generate call"))
+}
+
+/// What the single gRPC reference engine generates for the same chat: the template rendered and
+/// tokenized as the gateway does, its `Generate` called directly, the ids detokenized.
+fn grpc_reference(
+    tok: &pdgate_tokenize::Tokenizer,
+    messages: &Value,
+    max_tokens: u32,
+) -> Result<String, String> {
+    use pdgate_proto::sglang;
+    let text = tok
+        .render_chat(&pdgate_tokenize::ChatInput {
+            messages: messages.as_array().map(Vec::as_slice).unwrap_or(&[]),
+            tools: None,
+            documents: None,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            template_kwargs: None,
+        })
+        .map_err(|e| e.to_string())?;
+    let ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let out: Result<Vec<u32>, String> = rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!(
+            "http://{}:{}",
+            GRPC_REFERENCE.0, GRPC_REFERENCE.1
+        ))
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("the gRPC reference engine: {e}"))?;
+        let mut client = sglang::sglang_scheduler_client::SglangSchedulerClient::new(channel);
+        let mut stream = client
+            .generate(sglang::GenerateRequest {
+                request_id: "demo-reference".into(),
+                tokenized: Some(sglang::TokenizedInput {
+                    original_text: String::new(),
+                    input_ids: ids,
+                }),
+                sampling_params: Some(sglang::SamplingParams {
+                    temperature: 1.0,
+                    top_p: 1.0,
+                    top_k: -1,
+                    repetition_penalty: 1.0,
+                    max_new_tokens: Some(max_tokens),
+                    skip_special_tokens: true,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.message().to_string())?
+            .into_inner();
+        let mut ids = Vec::new();
+        while let Some(m) = stream
+            .message()
+            .await
+            .map_err(|e| e.message().to_string())?
+        {
+            if let Some(sglang::generate_response::Response::Complete(c)) = m.response {
+                ids = c.output_ids;
+            }
+        }
+        Ok(ids)
+    });
+    let out = out?;
+    let eos = tok.eos_token_ids();
+    let kept: Vec<u32> = out
+        .iter()
+        .copied()
+        .take_while(|t| !eos.contains(t))
+        .collect();
+    tok.decode(&kept, true).map_err(|e| e.to_string())
 }
