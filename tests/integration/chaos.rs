@@ -850,6 +850,7 @@ async fn stall_fleet(
     let cfg = |role, ip| match engine_kind {
         EngineKind::Sglang => patient(sglang(role, ip)),
         EngineKind::Vllm => vllm(role, ip, Connector::Nixl),
+        EngineKind::TokenSpeed => unreachable!("TokenSpeed serves gRPC only"),
     };
     let prefill = engine(cfg(Role::Prefill, ips[0])).await;
     let decode = engine(cfg(Role::Decode, ips[1])).await;

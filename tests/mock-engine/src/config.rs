@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fake_model::{OutputVocab, SamplingSpec};
+
 /// Which PD role the engine plays (SGLang `disaggregation_mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -32,6 +34,10 @@ impl Role {
 pub enum EngineKind {
     Sglang,
     Vllm,
+    /// gRPC only: the `TokenSpeedScheduler` service, with SGLang's bootstrap-room handoff
+    /// (63-bit rooms, prefill DP rank = `room % dp_size`).
+    #[serde(rename = "tokenspeed")]
+    TokenSpeed,
 }
 
 impl EngineKind {
@@ -39,6 +45,107 @@ impl EngineKind {
         match self {
             EngineKind::Sglang => "sglang",
             EngineKind::Vllm => "vllm",
+            EngineKind::TokenSpeed => "tokenspeed",
+        }
+    }
+
+    /// Engines whose legs meet in a bootstrap room on the prefill's bootstrap server (SGLang's
+    /// handoff, which TokenSpeed kept); the other one (vLLM) relays `kv_transfer_params`.
+    pub fn uses_bootstrap_rooms(self) -> bool {
+        matches!(self, EngineKind::Sglang | EngineKind::TokenSpeed)
+    }
+}
+
+/// How the engine's API is served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// The engine's HTTP server (OpenAI routes, `/generate`, ...).
+    #[default]
+    Http,
+    /// The engine's gRPC servicer (`SglangScheduler`, `VllmEngine`, `TokenSpeedScheduler`):
+    /// token ids in, token ids out. The `/mock/*` control plane moves to a second HTTP port.
+    Grpc,
+}
+
+/// A gRPC status code, named as the gRPC spec names it (`"INVALID_ARGUMENT"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum GrpcCode {
+    Cancelled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+impl GrpcCode {
+    /// The spec's name (`"INVALID_ARGUMENT"`), as records show it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GrpcCode::Cancelled => "CANCELLED",
+            GrpcCode::Unknown => "UNKNOWN",
+            GrpcCode::InvalidArgument => "INVALID_ARGUMENT",
+            GrpcCode::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            GrpcCode::NotFound => "NOT_FOUND",
+            GrpcCode::AlreadyExists => "ALREADY_EXISTS",
+            GrpcCode::PermissionDenied => "PERMISSION_DENIED",
+            GrpcCode::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            GrpcCode::FailedPrecondition => "FAILED_PRECONDITION",
+            GrpcCode::Aborted => "ABORTED",
+            GrpcCode::OutOfRange => "OUT_OF_RANGE",
+            GrpcCode::Unimplemented => "UNIMPLEMENTED",
+            GrpcCode::Internal => "INTERNAL",
+            GrpcCode::Unavailable => "UNAVAILABLE",
+            GrpcCode::DataLoss => "DATA_LOSS",
+            GrpcCode::Unauthenticated => "UNAUTHENTICATED",
+        }
+    }
+
+    /// Parses the spec's name (any case, `-` or `_`).
+    pub fn parse(s: &str) -> Option<GrpcCode> {
+        let norm = s.trim().to_ascii_uppercase().replace('-', "_");
+        serde_json::from_value(serde_json::Value::String(norm)).ok()
+    }
+}
+
+/// Knobs of the gRPC transport.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrpcOptions {
+    /// Send `Generate`'s response headers as soon as the call is accepted. Off (the default),
+    /// they go out with the first message, as Python grpc.aio servicers do: a client's
+    /// `generate().await` returns only when the first message or the error is ready.
+    pub headers_at_once: bool,
+    /// The control-plane HTTP port (`/mock/*`, `/metrics`); 0 = ephemeral.
+    pub control_port: u16,
+    /// SGLang: the servicer runs with `skip_tokenizer_init` (how gRPC workers run), so string
+    /// `stop` and `min_new_tokens > 0` are refused with INVALID_ARGUMENT, as SGLang's
+    /// `SamplingParams.normalize` does. Off: both are honoured.
+    pub skip_tokenizer_init: bool,
+    /// The code a SGLang/TokenSpeed leg whose rendezvous never completed ends with (bootstrap or
+    /// transfer timeout, prefill unreachable). The servicers map the scheduler's 500 abort to
+    /// INTERNAL, the default.
+    pub kv_timeout_code: GrpcCode,
+}
+
+impl Default for GrpcOptions {
+    fn default() -> Self {
+        GrpcOptions {
+            headers_at_once: false,
+            control_port: 0,
+            skip_tokenizer_init: true,
+            kv_timeout_code: GrpcCode::Internal,
         }
     }
 }
@@ -106,12 +213,19 @@ pub enum MalformedParams {
     Crash,
 }
 
-/// Every knob of one mock engine. `Default` gives a SGLang `Both` engine on 127.0.0.1 with
-/// ephemeral ports and the real engines' timeouts.
+/// Every knob of one mock engine. `Default` gives a SGLang `Both` engine over HTTP on 127.0.0.1
+/// with ephemeral ports and the real engines' timeouts.
 #[derive(Clone, Debug)]
 pub struct MockEngineConfig {
     pub role: Role,
     pub engine: EngineKind,
+    pub transport: Transport,
+    /// gRPC transport knobs (ignored over HTTP).
+    pub grpc: GrpcOptions,
+    /// The ids the fake model emits and ends on (default: the HTTP pseudo-words, EOS 2).
+    pub output_vocab: OutputVocab,
+    /// `tokenizer_path` the info RPCs report (a gateway may load its tokenizer from it).
+    pub tokenizer_path: Option<String>,
     pub connector: Connector,
     pub bind_ip: IpAddr,
     /// API port; 0 = ephemeral.
@@ -180,6 +294,10 @@ impl Default for MockEngineConfig {
         MockEngineConfig {
             role: Role::Both,
             engine: EngineKind::Sglang,
+            transport: Transport::Http,
+            grpc: GrpcOptions::default(),
+            output_vocab: OutputVocab::pseudo_words(),
+            tokenizer_path: None,
             connector: Connector::Mooncake,
             bind_ip: IpAddr::from([127, 0, 0, 1]),
             port: 0,
@@ -228,12 +346,17 @@ impl MockEngineConfig {
     /// A config for `engine`/`role` on `bind_ip` with short protocol timeouts (2 s) for tests.
     pub fn test(engine: EngineKind, role: Role, bind_ip: [u8; 4]) -> Self {
         let connector = match engine {
-            EngineKind::Sglang => Connector::Mooncake,
+            EngineKind::Sglang | EngineKind::TokenSpeed => Connector::Mooncake,
             EngineKind::Vllm => Connector::Nixl,
+        };
+        let transport = match engine {
+            EngineKind::TokenSpeed => Transport::Grpc,
+            _ => Transport::Http,
         };
         MockEngineConfig {
             role,
             engine,
+            transport,
             connector,
             bind_ip: IpAddr::from(bind_ip),
             bootstrap_timeout: Duration::from_secs(2),
@@ -250,9 +373,33 @@ impl MockEngineConfig {
         }
     }
 
+    /// [`MockEngineConfig::test`] serving the engine's gRPC service.
+    pub fn grpc_test(engine: EngineKind, role: Role, bind_ip: [u8; 4]) -> Self {
+        MockEngineConfig {
+            transport: Transport::Grpc,
+            ..MockEngineConfig::test(engine, role, bind_ip)
+        }
+    }
+
     pub fn with_connector(mut self, c: Connector) -> Self {
         self.connector = c;
         self
+    }
+
+    pub fn with_vocab(mut self, v: OutputVocab) -> Self {
+        self.output_vocab = v;
+        self
+    }
+
+    /// The sampling spec this engine starts every request from (its vocabulary and natural
+    /// EOS period); a test sets the request's knobs on top and passes it to
+    /// [`crate::fake_model::reference`].
+    pub fn sampling_spec(&self) -> SamplingSpec {
+        SamplingSpec {
+            eos_period: self.natural_stop_every,
+            vocab: self.output_vocab.clone(),
+            ..SamplingSpec::default()
+        }
     }
 
     /// The host peers should dial for this engine.
@@ -266,7 +413,8 @@ impl MockEngineConfig {
 /// Which requests a fault applies to.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FaultMatch {
-    /// Exact request path (e.g. `/generate`); `None` = every model route.
+    /// Exact request path (e.g. `/generate`, or over gRPC the method path
+    /// `/sglang.grpc.scheduler.SglangScheduler/Generate`); `None` = every model route.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
     /// Only when the engine has this role.
@@ -332,6 +480,31 @@ pub enum Fault {
     },
     /// Delay every KV transfer by `ms`.
     SlowTransferMs { ms: u64 },
+    /// gRPC: end `Generate` with `code` before producing anything (`message` defaults to a
+    /// mock text). Over gRPC, `fail_status` does the same with its HTTP status mapped to a code.
+    GrpcStatus {
+        code: GrpcCode,
+        #[serde(default)]
+        message: Option<String>,
+        #[serde(default)]
+        count: Option<u32>,
+        #[serde(default, rename = "match")]
+        matcher: FaultMatch,
+    },
+    /// gRPC: produce `tokens` tokens, then end `Generate` with `code` (a stream sees them as
+    /// chunks first; a non-stream call sees only the status).
+    FailAfterTokens {
+        tokens: u64,
+        code: GrpcCode,
+        #[serde(default)]
+        message: Option<String>,
+        #[serde(default)]
+        count: Option<u32>,
+        #[serde(default, rename = "match")]
+        matcher: FaultMatch,
+    },
+    /// `HealthCheck` (gRPC) reports unhealthy until `reset()`.
+    Unhealthy,
 }
 
 impl Fault {
@@ -343,8 +516,10 @@ impl Fault {
             | Fault::DropConnectionAfterHead { count, .. }
             | Fault::StallAfterHead { count, .. }
             | Fault::EosFirstToken { count }
-            | Fault::KvCorrupt { count } => *count,
-            Fault::BootstrapDown | Fault::SlowTransferMs { .. } => None,
+            | Fault::KvCorrupt { count }
+            | Fault::GrpcStatus { count, .. }
+            | Fault::FailAfterTokens { count, .. } => *count,
+            Fault::BootstrapDown | Fault::SlowTransferMs { .. } | Fault::Unhealthy => None,
         }
     }
 
@@ -354,7 +529,9 @@ impl Fault {
             | Fault::DelayHead { matcher, .. }
             | Fault::Hang { matcher, .. }
             | Fault::DropConnectionAfterHead { matcher, .. }
-            | Fault::StallAfterHead { matcher, .. } => Some(matcher),
+            | Fault::StallAfterHead { matcher, .. }
+            | Fault::GrpcStatus { matcher, .. }
+            | Fault::FailAfterTokens { matcher, .. } => Some(matcher),
             _ => None,
         }
     }
@@ -371,6 +548,9 @@ impl Fault {
             Fault::BootstrapDown => "bootstrap_down",
             Fault::KvCorrupt { .. } => "kv_corrupt",
             Fault::SlowTransferMs { .. } => "slow_transfer_ms",
+            Fault::GrpcStatus { .. } => "grpc_status",
+            Fault::FailAfterTokens { .. } => "fail_after_tokens",
+            Fault::Unhealthy => "unhealthy",
         }
     }
 }

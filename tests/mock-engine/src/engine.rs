@@ -16,13 +16,13 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::config::{EngineKind, Fault, MockEngineConfig, Role};
+use crate::config::{EngineKind, Fault, MockEngineConfig, Role, Transport};
 use crate::fake_model::{self, Decoder};
-use crate::job::{self, ApiError, Job, JobItem, ParseCtx, Route};
+use crate::job::{self, ApiError, ErrorKind, Job, JobItem, ParseCtx, Route};
 use crate::records::{now_ms, Counters, ItemHandoff, ParsedFields, Recorder, RequestRecord, Stats};
 use crate::render::{self, FinishKind, PromptInfo, Renderer, Step};
 use crate::server::{self, HttpResponse, TaskGroup};
-use crate::{sglang, vllm};
+use crate::{grpc, sglang, vllm};
 
 /// An open rendezvous (SGLang room, vLLM pinned transfer, MoRI allocation) as `/mock/rooms` shows it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -49,7 +49,10 @@ pub(crate) struct Groups {
 /// State shared by every task of one engine.
 pub(crate) struct Shared {
     pub cfg: MockEngineConfig,
+    /// The API listener: HTTP routes, or the gRPC service.
     pub api_addr: SocketAddr,
+    /// gRPC transport: the HTTP control plane (`/mock/*`, `/metrics`).
+    pub control_addr: Option<SocketAddr>,
     pub data_addr: SocketAddr,
     pub bootstrap_addr: Option<SocketAddr>,
     pub side_addr: Option<SocketAddr>,
@@ -70,6 +73,8 @@ pub(crate) struct Shared {
     pub load_override: Mutex<Option<LoadReport>>,
     prefix_cache: Mutex<HashSet<u64>>,
     pub next_id: AtomicU64,
+    /// Live gRPC calls, `Abort` records, RPC counters and the connection kill switch.
+    pub grpc: grpc::GrpcState,
 }
 
 impl Shared {
@@ -189,14 +194,21 @@ pub(crate) struct ReqCtx {
     pub shared: Arc<Shared>,
     pub seq: u64,
     pub job: Job,
+    /// The request as the HTTP dialect's JSON body (a gRPC request is translated into the
+    /// fields the runners read, e.g. vLLM's `kv_transfer_params`).
     pub body: Value,
-    /// SGLang bootstrap fields, one per room index.
+    /// SGLang / TokenSpeed bootstrap fields, one per room index.
     pub bootstrap: Vec<sglang::BootstrapItem>,
 }
 
 impl ReqCtx {
     pub fn cfg(&self) -> &MockEngineConfig {
         &self.shared.cfg
+    }
+
+    /// Whether the request came over the gRPC servicer (ids and counters differ).
+    pub fn is_grpc(&self) -> bool {
+        self.shared.cfg.transport == Transport::Grpc
     }
 }
 
@@ -326,15 +338,16 @@ pub(crate) async fn run_local(
 
 async fn run_item(ctx: Arc<ReqCtx>, item: JobItem, dup: bool, tx: StepTx) -> Result<(), ApiError> {
     let _running = Gauge::new(&ctx.shared.running);
-    match (ctx.cfg().engine, ctx.cfg().role) {
-        (_, Role::Both) => run_local(&ctx, &item, &tx, "none").await,
-        (EngineKind::Sglang, Role::Prefill) => {
-            sglang::run_prefill_item(&ctx, &item, dup, &tx).await
-        }
-        (EngineKind::Sglang, Role::Decode) => sglang::run_decode_item(&ctx, &item, dup, &tx).await,
-        (EngineKind::Vllm, Role::Prefill) => vllm::run_prefill_item(&ctx, &item, &tx).await,
-        (EngineKind::Vllm, Role::Decode) => vllm::run_decode_item(&ctx, &item, &tx).await,
-    }
+    let engine = ctx.cfg().engine;
+    match (ctx.cfg().role, engine.uses_bootstrap_rooms()) {
+        (Role::Both, _) => run_local(&ctx, &item, &tx, "none").await,
+        (Role::Prefill, true) => sglang::run_prefill_item(&ctx, &item, dup, &tx).await,
+        (Role::Decode, true) => sglang::run_decode_item(&ctx, &item, dup, &tx).await,
+        (Role::Prefill, false) => vllm::run_prefill_item(&ctx, &item, &tx).await,
+        (Role::Decode, false) => vllm::run_decode_item(&ctx, &item, &tx).await,
+    }?;
+    let _ = tx.send(Step::ItemDone { item: item.index });
+    Ok(())
 }
 
 /// Increments a gauge for its lifetime.
@@ -355,7 +368,7 @@ impl Drop for Gauge<'_> {
 
 /// Runs every item of a job concurrently; `on_step` sees steps in arrival order. The first item
 /// error aborts the others (dropping the `JoinSet` cancels their handoffs).
-async fn drive<F>(ctx: Arc<ReqCtx>, mut on_step: F) -> Result<(), ApiError>
+pub(crate) async fn drive<F>(ctx: Arc<ReqCtx>, mut on_step: F) -> Result<(), ApiError>
 where
     F: AsyncStepSink,
 {
@@ -416,6 +429,7 @@ impl AsyncStepSink for StreamSink<'_> {
                 return Err(ApiError {
                     status: 499,
                     message: "client disconnected".into(),
+                    kind: ErrorKind::Request,
                 });
             }
         }
@@ -581,6 +595,7 @@ async fn handle_model(
         let e = ApiError {
             status: 503,
             message: "engine is dead (scheduler crashed)".into(),
+            kind: ErrorKind::Request,
         };
         guard.finish(503, Some(e.message.clone()), None, None);
         return error_response(&shared, Some(route), &e);
@@ -602,6 +617,7 @@ async fn handle_model(
         eos_period: shared.cfg.natural_stop_every,
         max_model_len: shared.cfg.max_model_len as u64,
         header_request_id: headers.get("x-request-id").cloned(),
+        vocab: shared.cfg.output_vocab.clone(),
     };
     let job = job::parse(route, &body, &pctx);
     if let Ok(j) = &job {
@@ -610,7 +626,7 @@ async fn handle_model(
     }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let prepared = job.and_then(|job| {
-        let bootstrap = if shared.cfg.engine == EngineKind::Sglang && shared.cfg.role != Role::Both
+        let bootstrap = if shared.cfg.engine.uses_bootstrap_rooms() && shared.cfg.role != Role::Both
         {
             sglang::parse_bootstrap(&shared.cfg, &job, &body)?
         } else {
@@ -775,6 +791,7 @@ pub(crate) fn protocol_name(cfg: &MockEngineConfig) -> String {
     match (cfg.engine, cfg.role) {
         (_, Role::Both) => "none".into(),
         (EngineKind::Sglang, _) => format!("sglang-{}", cfg.connector.as_str()),
+        (EngineKind::TokenSpeed, _) => format!("tokenspeed-{}", cfg.connector.as_str()),
         (EngineKind::Vllm, _) => cfg.connector.as_str().into(),
     }
 }
@@ -814,6 +831,7 @@ async fn apply_request_faults(
                     &ApiError {
                         status,
                         message: format!("mock fault: status {status}"),
+                        kind: ErrorKind::Request,
                     },
                 ),
             };
@@ -894,11 +912,13 @@ pub(crate) fn stats(shared: &Shared) -> Stats {
         transfer_failed_total: c.transfer_failed,
         crashed: shared.crashed.load(Ordering::SeqCst),
         killed: shared.is_killed(),
+        rpc_calls: c.rpc_calls.clone(),
+        requests_by_grpc_code: c.by_grpc_code.clone(),
     }
 }
 
 /// What the engine reports about its load: (running, waiting, KV usage 0..1).
-fn current_load(shared: &Shared) -> (u64, u64, f64) {
+pub(crate) fn current_load(shared: &Shared) -> (u64, u64, f64) {
     if let Some(o) = *shared
         .load_override
         .lock()
@@ -906,8 +926,13 @@ fn current_load(shared: &Shared) -> (u64, u64, f64) {
     {
         return (o.running, o.waiting, o.token_usage);
     }
-    let running = shared.running.load(Ordering::Relaxed);
     let waiting = shared.waiting.load(Ordering::Relaxed);
+    let running = match shared.cfg.transport {
+        Transport::Http => shared.running.load(Ordering::Relaxed),
+        // Every sample of every live call is in the scheduler, running unless it waits for its
+        // KV (a hung or silent call still holds its slot).
+        Transport::Grpc => shared.grpc.live_samples().saturating_sub(waiting),
+    };
     let usage = (running as f64 * 64.0 / shared.cfg.kv_tokens.max(1) as f64).min(1.0);
     (running, waiting, usage)
 }
@@ -924,7 +949,7 @@ fn metrics_text(shared: &Shared) -> String {
     };
     let ml = format!("model_name=\"{m}\"");
     match shared.cfg.engine {
-        EngineKind::Sglang => {
+        EngineKind::Sglang | EngineKind::TokenSpeed => {
             gauge(
                 "sglang:num_running_reqs",
                 "The number of running requests.",
@@ -1080,6 +1105,12 @@ pub(crate) async fn api(
     let path = req.uri().path().to_string();
     let cfg = &shared.cfg;
     let engine = cfg.engine;
+    if cfg.transport == Transport::Grpc
+        && !(path.starts_with("/mock/") || path == "/metrics" || path == "/health")
+    {
+        // The control port of a gRPC engine: the engine itself answers on the gRPC port.
+        return server::text(404, "Not Found");
+    }
     if method == http::Method::POST {
         if let Some(route) = Route::from_path(&path).filter(|r| r.served_by(engine)) {
             return handle_model(shared, route, req, peer).await;
@@ -1106,6 +1137,7 @@ pub(crate) async fn api(
                 eos_period: 0,
                 max_model_len: u64::MAX,
                 header_request_id: None,
+                vocab: cfg.output_vocab.clone(),
             };
             match job::parse(Route::Messages, &probe, &pctx) {
                 Ok(j) => server::json(200, &json!({"input_tokens": j.items[0].prompt_ids.len()})),
@@ -1157,6 +1189,10 @@ pub(crate) async fn api(
             200,
             &serde_json::to_value(shared.rooms()).unwrap_or_default(),
         ),
+        ("GET", "/mock/aborts") => server::json(
+            200,
+            &serde_json::to_value(shared.grpc.aborts()).unwrap_or_default(),
+        ),
         ("GET", "/mock/pinned") => server::json(
             200,
             &serde_json::to_value(shared.vllm.pinned_list()).unwrap_or_default(),
@@ -1198,6 +1234,7 @@ pub(crate) async fn api(
             let e = ApiError {
                 status: 404,
                 message: "Not Found".into(),
+                kind: ErrorKind::Request,
             };
             if engine == EngineKind::Vllm {
                 server::json(404, &json!({"detail":"Not Found"}))
@@ -1228,6 +1265,7 @@ pub(crate) async fn reset(shared: &Arc<Shared>) {
         .unwrap_or_else(|e| e.into_inner())
         .clear();
     shared.recorder.clear();
+    shared.grpc.clear_aborts();
     if !shared.bootstrap_up.load(Ordering::SeqCst) {
         let _ = sglang::bootstrap_up(shared).await;
     }
@@ -1235,11 +1273,23 @@ pub(crate) async fn reset(shared: &Arc<Shared>) {
 
 /// Binds every listener of an engine and starts serving.
 pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
+    if cfg.engine == EngineKind::TokenSpeed && cfg.transport != Transport::Grpc {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "TokenSpeed serves gRPC only (set transport: Grpc)",
+        ));
+    }
     let api_l = TcpListener::bind(SocketAddr::new(cfg.bind_ip, cfg.port)).await?;
+    let control_l = match cfg.transport {
+        Transport::Grpc => {
+            Some(TcpListener::bind(SocketAddr::new(cfg.bind_ip, cfg.grpc.control_port)).await?)
+        }
+        Transport::Http => None,
+    };
     let data_l = TcpListener::bind(SocketAddr::new(cfg.bind_ip, 0)).await?;
     let needs_bootstrap = cfg.role == Role::Prefill
         && match cfg.engine {
-            EngineKind::Sglang => true,
+            EngineKind::Sglang | EngineKind::TokenSpeed => true,
             EngineKind::Vllm => cfg.connector == crate::config::Connector::Mooncake,
         };
     let boot_l = if needs_bootstrap {
@@ -1265,6 +1315,7 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
     let engine_id = cfg.engine_id.clone().unwrap_or_else(vllm::new_engine_id);
     let shared = Arc::new(Shared {
         api_addr: api_l.local_addr()?,
+        control_addr: control_l.as_ref().map(|l| l.local_addr()).transpose()?,
         data_addr: data_l.local_addr()?,
         bootstrap_addr: boot_l.as_ref().map(|l| l.local_addr()).transpose()?,
         side_addr: side_l.as_ref().map(|l| l.local_addr()).transpose()?,
@@ -1290,12 +1341,24 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
         running: AtomicU64::new(0),
         prefix_cache: Mutex::new(HashSet::new()),
         next_id: AtomicU64::new(1),
+        grpc: grpc::GrpcState::default(),
         cfg,
     });
-    let sh = shared.clone();
-    server::serve(api_l, shared.groups.api.clone(), move |req, peer| {
-        api(sh.clone(), req, peer)
-    });
+    match control_l {
+        Some(control_l) => {
+            grpc::serve(&shared, api_l);
+            let sh = shared.clone();
+            server::serve(control_l, shared.groups.api.clone(), move |req, peer| {
+                api(sh.clone(), req, peer)
+            });
+        }
+        None => {
+            let sh = shared.clone();
+            server::serve(api_l, shared.groups.api.clone(), move |req, peer| {
+                api(sh.clone(), req, peer)
+            });
+        }
+    }
     let sh = shared.clone();
     server::serve(data_l, shared.groups.data.clone(), move |req, peer| {
         data_plane(sh.clone(), req, peer)
@@ -1311,7 +1374,7 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
         server::serve(l, g, move |req, peer| {
             sglang::bootstrap_server(sh.clone(), req, peer)
         });
-        if shared.cfg.engine == EngineKind::Sglang {
+        if shared.cfg.engine.uses_bootstrap_rooms() {
             sglang::register_ranks(&shared).await?;
         } else {
             vllm::register_mooncake(&shared).await?;
@@ -1346,6 +1409,7 @@ async fn data_plane(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
 /// Abruptly stops everything (a crashed process): listeners, connections, running requests.
 pub(crate) fn kill(shared: &Shared) {
     shared.killed.store(true, Ordering::SeqCst);
+    shared.grpc.kill_connections();
     shared.groups.api.abort_all();
     shared.groups.data.abort_all();
     shared

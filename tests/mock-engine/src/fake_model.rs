@@ -7,7 +7,8 @@
 //! only ever continues from the state it received.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Padding token id.
 pub const PAD: u32 = 0;
@@ -167,9 +168,158 @@ pub fn garbage_state(s0: u64, prompt_len: usize) -> u64 {
     mix(s0, 0xDEAD ^ prompt_len as u64)
 }
 
-/// The greedy word for a state (before the EOS decision).
+/// The greedy word for a state in the built-in pseudo-word vocabulary.
 pub fn word_for(state: u64) -> u32 {
     VOCAB_OUT_BASE + ((state >> 7) % VOCAB_OUT_SIZE) as u32
+}
+
+/// Which token ids the model may emit, which of them end a sequence, and (optionally) their
+/// text.
+///
+/// The HTTP mocks detokenize themselves, so they emit the built-in pseudo-words (ids 40000+,
+/// EOS 2). A gRPC mock's output is detokenized by the gateway with *its* tokenizer, so a test
+/// points the model at ids that tokenizer knows ([`OutputVocab::ids`], [`OutputVocab::range`]) and
+/// at its EOS ids; with [`OutputVocab::with_texts`] the engine can also match stop strings the
+/// way vLLM and TokenSpeed do. Every engine of a PD pair and the [`reference`] must share one
+/// vocabulary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputVocab {
+    words: Words,
+    /// Text of each id of `words` (same order) when known; empty = unknown (stop strings never
+    /// match, as with a tokenizer the engine does not have).
+    texts: Arc<[String]>,
+    /// End-of-sequence ids; the model emits the first, and any of them ends a sequence.
+    eos: Arc<[u32]>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Words {
+    Pseudo,
+    Range(Range<u32>),
+    List(Arc<[u32]>),
+}
+
+impl Default for OutputVocab {
+    fn default() -> Self {
+        OutputVocab::pseudo_words()
+    }
+}
+
+impl OutputVocab {
+    /// The built-in vocabulary of the HTTP mocks: 4096 pseudo-words (ids 40000+), EOS 2.
+    pub fn pseudo_words() -> Self {
+        OutputVocab {
+            words: Words::Pseudo,
+            texts: Arc::from(Vec::new()),
+            eos: Arc::from(vec![EOS]),
+        }
+    }
+
+    /// Emits only `ids` (at least one), ends on any of `eos` (at least one).
+    pub fn ids(ids: impl IntoIterator<Item = u32>, eos: impl IntoIterator<Item = u32>) -> Self {
+        let ids: Vec<u32> = ids.into_iter().collect();
+        assert!(
+            !ids.is_empty(),
+            "an output vocabulary needs at least one id"
+        );
+        OutputVocab {
+            words: Words::List(Arc::from(ids)),
+            texts: Arc::from(Vec::new()),
+            eos: eos_list(eos),
+        }
+    }
+
+    /// Emits ids of `range` (not empty), ends on any of `eos` (at least one).
+    pub fn range(range: Range<u32>, eos: impl IntoIterator<Item = u32>) -> Self {
+        assert!(
+            !range.is_empty(),
+            "an output vocabulary needs at least one id"
+        );
+        OutputVocab {
+            words: Words::Range(range),
+            texts: Arc::from(Vec::new()),
+            eos: eos_list(eos),
+        }
+    }
+
+    /// Emits the ids of `pairs` and knows their text (what the engine matches stop strings on).
+    pub fn with_texts(
+        pairs: impl IntoIterator<Item = (u32, String)>,
+        eos: impl IntoIterator<Item = u32>,
+    ) -> Self {
+        let (ids, texts): (Vec<u32>, Vec<String>) = pairs.into_iter().unzip();
+        assert!(
+            !ids.is_empty(),
+            "an output vocabulary needs at least one id"
+        );
+        OutputVocab {
+            words: Words::List(Arc::from(ids)),
+            texts: Arc::from(texts),
+            eos: eos_list(eos),
+        }
+    }
+
+    /// The greedy word for a state (before the EOS decision).
+    pub fn word_for(&self, state: u64) -> u32 {
+        let pick = state >> 7;
+        match &self.words {
+            Words::Pseudo => word_for(state),
+            Words::Range(r) => r.start + (pick % (r.end - r.start) as u64) as u32,
+            Words::List(ids) => ids[(pick % ids.len() as u64) as usize],
+        }
+    }
+
+    /// The id the model emits to end a sequence.
+    pub fn eos_token(&self) -> u32 {
+        self.eos[0]
+    }
+
+    /// Every id that ends a sequence (what `GetModelInfo.eos_token_ids` reports).
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+
+    /// One past the largest id the model can emit or end on (`vocab_size` of the info RPCs).
+    pub fn vocab_size(&self) -> u32 {
+        let words_end = match &self.words {
+            Words::Pseudo => VOCAB_OUT_BASE + VOCAB_OUT_SIZE as u32,
+            Words::Range(r) => r.end,
+            Words::List(ids) => ids.iter().max().map_or(0, |m| m + 1),
+        };
+        let eos_end = self.eos.iter().max().map_or(0, |m| m + 1);
+        words_end.max(eos_end)
+    }
+
+    /// The text of an emitted id: the pseudo-word, the configured text, or empty when unknown.
+    pub fn text_of(&self, id: u32) -> String {
+        match &self.words {
+            Words::Pseudo => token_text(id),
+            Words::List(ids) if !self.texts.is_empty() => ids
+                .iter()
+                .position(|&x| x == id)
+                .map(|i| self.texts[i].clone())
+                .unwrap_or_default(),
+            _ => String::new(),
+        }
+    }
+
+    /// The `k`-th alternative at a state (`k = 0` is the greedy word).
+    fn alternative(&self, state: u64, k: u64) -> u32 {
+        self.word_for(state.wrapping_add((k * 977) << 7))
+    }
+}
+
+fn eos_list(eos: impl IntoIterator<Item = u32>) -> Arc<[u32]> {
+    let eos: Vec<u32> = eos.into_iter().collect();
+    assert!(
+        !eos.is_empty(),
+        "an output vocabulary needs at least one EOS id"
+    );
+    Arc::from(eos)
 }
 
 /// `lp(S, t) = -((S ^ t) % 5000) / 1000`.
@@ -179,14 +329,18 @@ pub fn logprob(state: u64, token: u32) -> f64 {
 
 /// The `k` most likely alternatives at a state, the chosen word first, with decreasing logprob.
 pub fn top_logprobs(state: u64, chosen: u32, k: usize) -> Vec<(u32, f64)> {
+    top_logprobs_in(&OutputVocab::pseudo_words(), state, chosen, k)
+}
+
+/// [`top_logprobs`] drawn from `vocab`.
+pub fn top_logprobs_in(vocab: &OutputVocab, state: u64, chosen: u32, k: usize) -> Vec<(u32, f64)> {
     let base = logprob(state, chosen);
-    let start = (state >> 7) % VOCAB_OUT_SIZE;
     (0..k)
         .map(|j| {
             let id = if j == 0 {
                 chosen
             } else {
-                VOCAB_OUT_BASE + ((start + j as u64 * 977) % VOCAB_OUT_SIZE) as u32
+                vocab.alternative(state, j as u64)
             };
             (id, base - 0.25 * j as f64)
         })
@@ -206,6 +360,8 @@ pub struct SamplingSpec {
     pub seed: Option<u64>,
     /// Top alternatives per position (0 = none).
     pub top_logprobs: usize,
+    /// The ids the model emits and ends on.
+    pub vocab: OutputVocab,
 }
 
 impl Default for SamplingSpec {
@@ -219,6 +375,7 @@ impl Default for SamplingSpec {
             eos_period: 0,
             seed: None,
             top_logprobs: 0,
+            vocab: OutputVocab::pseudo_words(),
         }
     }
 }
@@ -287,12 +444,12 @@ impl Decoder {
         let n = self.tokens.len();
         let eos_allowed = !self.spec.ignore_eos && n >= self.spec.min_new_tokens;
         if eos_allowed && n == 0 && self.force_eos_first {
-            return EOS;
+            return self.spec.vocab.eos_token();
         }
         if eos_allowed && self.spec.eos_period > 0 && self.state % self.spec.eos_period == 0 {
-            return EOS;
+            return self.spec.vocab.eos_token();
         }
-        word_for(self.state)
+        self.spec.vocab.word_for(self.state)
     }
 
     /// The token the next step would emit, with its logprob (what a prefill hands over as `t0`).
@@ -316,19 +473,18 @@ impl Decoder {
             self.finish = Some(Finish::Length(self.tokens.len()));
             return None;
         }
-        let top = top_logprobs(self.state, id, self.spec.top_logprobs);
+        let top = top_logprobs_in(&self.spec.vocab, self.state, id, self.spec.top_logprobs);
         let tok = GenToken {
             id,
-            text: token_text(id),
+            text: self.spec.vocab.text_of(id),
             logprob: lp,
             top,
         };
         self.state = mix(self.state, id as u64);
         self.raw_text.push_str(&tok.text);
         self.tokens.push(tok.clone());
-        if id == EOS {
-            self.finish = Some(Finish::Stop(Matched::Token(EOS)));
-        } else if self.spec.stop_token_ids.contains(&id) {
+        let ends_sequence = !self.spec.ignore_eos && self.spec.vocab.is_eos(id);
+        if ends_sequence || self.spec.stop_token_ids.contains(&id) {
             self.finish = Some(Finish::Stop(Matched::Token(id)));
         } else if let Some(s) = self
             .spec
@@ -507,6 +663,64 @@ mod tests {
         assert_eq!(r2.finish, Finish::Stop(Matched::Text(stop)));
         assert!(r.text.starts_with(&r2.text));
         assert_eq!(r2.token_ids.len(), 3);
+    }
+
+    #[test]
+    fn an_output_vocabulary_bounds_what_the_model_emits() {
+        let ids = encode_prompt("m", "x");
+        let spec = SamplingSpec {
+            max_new_tokens: 30,
+            eos_period: 4,
+            vocab: OutputVocab::range(500..510, [3, 4]),
+            ..Default::default()
+        };
+        let r = reference("m", &ids, &spec, None);
+        let (last, words) = r.token_ids.split_last().unwrap();
+        assert!(words.iter().all(|t| (500..510).contains(t)), "{r:?}");
+        assert_eq!(*last, 3, "the first EOS id is emitted");
+        assert_eq!(r.finish, Finish::Stop(Matched::Token(3)));
+        assert_eq!(spec.vocab.eos_ids(), &[3, 4]);
+        assert_eq!(spec.vocab.vocab_size(), 510);
+        // Any EOS id ends a sequence, also when forced (a decode taking t0 from its prefill).
+        let mut d = Decoder::new(r.prompt_state, spec.clone());
+        d.step_forced(4, -0.5);
+        assert_eq!(d.finish, Some(Finish::Stop(Matched::Token(4))));
+        // The pseudo-word default is what the HTTP mocks always emitted.
+        let plain = SamplingSpec {
+            max_new_tokens: 5,
+            ..Default::default()
+        };
+        let r = reference("m", &ids, &plain, None);
+        assert!(r.token_ids.iter().all(|&t| t >= VOCAB_OUT_BASE));
+        assert_eq!(r.text, detokenize(&r.token_ids));
+    }
+
+    #[test]
+    fn vocabulary_texts_let_stop_strings_match() {
+        let pairs: Vec<(u32, String)> = (0..20).map(|i| (100 + i, format!(" t{i}"))).collect();
+        let vocab = OutputVocab::with_texts(pairs, [1]);
+        let ids = encode_prompt("m", "y");
+        let base = SamplingSpec {
+            max_new_tokens: 6,
+            vocab: vocab.clone(),
+            ..Default::default()
+        };
+        let r = reference("m", &ids, &base, None);
+        let second = vocab.text_of(r.token_ids[1]);
+        assert!(second.starts_with(" t"));
+        let stopped = reference(
+            "m",
+            &ids,
+            &SamplingSpec {
+                stop: vec![second.clone()],
+                ..base
+            },
+            None,
+        );
+        assert!(stopped.token_ids.len() <= 2);
+        assert_eq!(stopped.finish, Finish::Stop(Matched::Text(second)));
+        // Ids without a known text never match a stop string.
+        assert_eq!(OutputVocab::range(0..5, [9]).text_of(3), "");
     }
 
     #[test]

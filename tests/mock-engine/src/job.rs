@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use crate::config::EngineKind;
-use crate::fake_model::{self, SamplingSpec};
+use crate::fake_model::{self, OutputVocab, SamplingSpec};
 
 /// A model route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +47,8 @@ impl Route {
         match engine {
             EngineKind::Sglang => true,
             EngineKind::Vllm => matches!(self, Route::Chat | Route::Completions | Route::Responses),
+            // gRPC only: no HTTP model route.
+            EngineKind::TokenSpeed => false,
         }
     }
 }
@@ -56,6 +58,24 @@ impl Route {
 pub struct ApiError {
     pub status: u16,
     pub message: String,
+    /// What failed, where a transport answers differently per cause (gRPC).
+    pub kind: ErrorKind,
+}
+
+/// The cause of an [`ApiError`], for the transports that tell causes apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum ErrorKind {
+    /// The request itself, or anything without a more specific cause.
+    #[default]
+    Request,
+    /// A SGLang-style rendezvous that never completed: bootstrap / transfer timeout, prefill
+    /// bootstrap unreachable.
+    KvTimeout,
+    /// A vLLM connector could not load the remote KV (`kv_load_failure_policy = fail`): the
+    /// engine finishes the request with `finish_reason = "error"`.
+    KvLoad,
+    /// An injected gRPC fault (`fail_after_tokens`).
+    Fault(crate::config::GrpcCode),
 }
 
 impl ApiError {
@@ -63,13 +83,19 @@ impl ApiError {
         ApiError {
             status: 400,
             message: m.into(),
+            kind: ErrorKind::Request,
         }
     }
     pub fn internal(m: impl Into<String>) -> Self {
         ApiError {
             status: 500,
             message: m.into(),
+            kind: ErrorKind::Request,
         }
+    }
+    pub fn with_kind(mut self, kind: ErrorKind) -> Self {
+        self.kind = kind;
+        self
     }
 }
 
@@ -249,16 +275,17 @@ fn common(
     })
 }
 
-fn spec_of(c: &Common, max_new: u64, eos_period: u64, top: usize) -> SamplingSpec {
+fn spec_of(c: &Common, max_new: u64, ctx: &ParseCtx, top: usize) -> SamplingSpec {
     SamplingSpec {
         max_new_tokens: max_new as usize,
         min_new_tokens: c.min_tokens,
         ignore_eos: c.ignore_eos,
         stop: c.stop.clone(),
         stop_token_ids: c.stop_token_ids.clone(),
-        eos_period,
+        eos_period: ctx.eos_period,
         seed: c.seed,
         top_logprobs: top,
+        vocab: ctx.vocab.clone(),
     }
 }
 
@@ -271,6 +298,7 @@ pub struct ParseCtx {
     pub max_model_len: u64,
     /// `X-Request-Id` header value.
     pub header_request_id: Option<String>,
+    pub vocab: OutputVocab,
 }
 
 fn check_context(ctx: &ParseCtx, prompt_len: usize, max_new: u64) -> Result<(), ApiError> {
@@ -383,7 +411,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                     room_index: i,
                     sample: None,
                     prompt_ids: p,
-                    spec: spec_of(&c, max_new, ctx.eos_period, top),
+                    spec: spec_of(&c, max_new, ctx, top),
                 });
             }
         }
@@ -417,7 +445,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                     room_index: i,
                     sample: (n > 1).then_some(i),
                     prompt_ids: ids.clone(),
-                    spec: spec_of(&c, max_new, ctx.eos_period, top),
+                    spec: spec_of(&c, max_new, ctx, top),
                 });
             }
         }
@@ -469,7 +497,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                         room_index: pi,
                         sample: (n > 1).then_some(s),
                         prompt_ids: p.clone(),
-                        spec: spec_of(&c, max_new, ctx.eos_period, top),
+                        spec: spec_of(&c, max_new, ctx, top),
                     });
                     index += 1;
                 }
@@ -494,7 +522,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                 room_index: 0,
                 sample: None,
                 prompt_ids: ids,
-                spec: spec_of(&c, max_new, ctx.eos_period, 0),
+                spec: spec_of(&c, max_new, ctx, 0),
             });
         }
         Route::Responses => {
@@ -524,7 +552,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                 room_index: 0,
                 sample: None,
                 prompt_ids: ids,
-                spec: spec_of(&c, max_new, ctx.eos_period, 0),
+                spec: spec_of(&c, max_new, ctx, 0),
             });
         }
         Route::Rerank => {
@@ -555,6 +583,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                 prompt_ids: ids,
                 spec: SamplingSpec {
                     max_new_tokens: 1,
+                    vocab: ctx.vocab.clone(),
                     ..Default::default()
                 },
             });

@@ -1,11 +1,13 @@
-//! Faithful CPU-only mock SGLang and vLLM engines for pdgate's tests.
+//! Faithful CPU-only mock SGLang, vLLM and TokenSpeed engines for pdgate's tests.
 //!
-//! A prefill/decode pair of mocks really rendezvous — SGLang bootstrap rooms with a real
-//! bootstrap server and KV push, vLLM `kv_transfer_params` with NIXL-style block reads, Mooncake
-//! pushes and MoRI-IO — so a gateway bug in the handoff fails a test the way a real engine would:
-//! an error, a hang until the engine's timeout, or silently wrong text. Output comes from a
-//! deterministic fake model ([`fake_model`]): a correct PD handoff reproduces a single worker's
-//! output byte for byte. See the crate README for the emulated behaviour and its sources.
+//! A prefill/decode pair of mocks really rendezvous — SGLang / TokenSpeed bootstrap rooms with a
+//! real bootstrap server and KV push, vLLM `kv_transfer_params` with NIXL-style block reads,
+//! Mooncake pushes and MoRI-IO — so a gateway bug in the handoff fails a test the way a real
+//! engine would: an error, a hang until the engine's timeout, or silently wrong output. Output
+//! comes from a deterministic fake model ([`fake_model`]): a correct PD handoff reproduces a
+//! single worker's output exactly. Each engine speaks its HTTP API or ([`Transport::Grpc`]) its
+//! gRPC servicer over the same core. See the crate README for the emulated behaviour and its
+//! sources.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -25,6 +27,7 @@ pub mod client;
 pub mod config;
 mod engine;
 pub mod fake_model;
+mod grpc;
 mod job;
 pub mod output;
 pub mod records;
@@ -40,11 +43,16 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 pub use config::{
-    Connector, EngineKind, Fault, FaultMatch, LoadFailurePolicy, MalformedParams, MockEngineConfig,
-    Role,
+    Connector, EngineKind, Fault, FaultMatch, GrpcCode, GrpcOptions, LoadFailurePolicy,
+    MalformedParams, MockEngineConfig, Role, Transport,
 };
 pub use engine::{wait_until, LoadReport, RoomInfo};
-pub use records::{Handoff, ItemHandoff, Outcome, ParsedFields, RequestRecord, Stats};
+pub use fake_model::{OutputVocab, RefOutput, SamplingSpec};
+pub use grpc::{code_name, struct_to_json, wire_output_ids};
+pub use records::{
+    AbortRecord, GrpcBootstrap, GrpcRequest, GrpcSampling, Handoff, ItemHandoff, LegacyKvParams,
+    Outcome, ParsedFields, RequestRecord, Stats,
+};
 
 /// A running mock engine. Dropping the handle kills it (listeners and connections closed).
 pub struct MockEngine {
@@ -61,9 +69,29 @@ impl MockEngine {
         })
     }
 
-    /// `http://ip:port` of the API listener.
+    /// `http://ip:port` of the API listener: the HTTP routes, or (gRPC transport) the endpoint
+    /// a tonic client connects to.
     pub fn api_url(&self) -> String {
         format!("http://{}", self.shared.api_addr)
+    }
+
+    /// `grpc://ip:port` of a gRPC engine (what a gateway registers); `None` over HTTP.
+    pub fn grpc_url(&self) -> Option<String> {
+        (self.shared.cfg.transport == Transport::Grpc)
+            .then(|| format!("grpc://{}", self.shared.api_addr))
+    }
+
+    /// `http://ip:port` of the control plane (`/mock/*`, `/metrics`): the API port over HTTP,
+    /// a second port for a gRPC engine.
+    pub fn control_url(&self) -> String {
+        format!(
+            "http://{}",
+            self.shared.control_addr.unwrap_or(self.shared.api_addr)
+        )
+    }
+
+    pub fn transport(&self) -> Transport {
+        self.shared.cfg.transport
     }
 
     /// The bind IP as a string (what a gateway puts in `bootstrap_host`).
@@ -104,9 +132,32 @@ impl MockEngine {
         &self.shared.cfg
     }
 
-    /// Every model-route request received so far (`GET /mock/requests`).
+    /// Every model-route request (HTTP) or `Generate` call (gRPC) received so far
+    /// (`GET /mock/requests`).
     pub fn records(&self) -> Vec<RequestRecord> {
         self.shared.recorder.all()
+    }
+
+    /// Every gRPC `Abort` received so far, with the calls it ended (`GET /mock/aborts`).
+    pub fn aborts(&self) -> Vec<AbortRecord> {
+        self.shared.grpc.aborts()
+    }
+
+    /// The sampling spec this engine starts every request from (its output vocabulary and
+    /// natural EOS period): set the request's knobs on it and pass it to [`Self::reference`].
+    pub fn sampling_spec(&self) -> SamplingSpec {
+        self.shared.cfg.sampling_spec()
+    }
+
+    /// What a single worker of this engine's model generates for `prompt_ids` (sample `None`
+    /// for `n = 1`, `Some(i)` for sample `i` of `n > 1`).
+    pub fn reference(
+        &self,
+        prompt_ids: &[u32],
+        spec: &SamplingSpec,
+        sample: Option<usize>,
+    ) -> RefOutput {
+        fake_model::reference(&self.shared.cfg.model, prompt_ids, spec, sample)
     }
 
     /// Open rendezvous rooms / pinned transfers (`GET /mock/rooms`).
@@ -187,7 +238,8 @@ impl MockEngine {
         self.records()
     }
 
-    /// A `POST /workers` body registering this engine with a gateway.
+    /// A `POST /workers` body registering this engine with a gateway (`url` is `grpc://…` for
+    /// a gRPC engine; a prefill adds its `bootstrap_port`).
     pub fn worker_spec(&self) -> Value {
         let cfg = &self.shared.cfg;
         let worker_type = match cfg.role {
@@ -195,7 +247,9 @@ impl MockEngine {
             Role::Decode => "decode",
             Role::Both => "regular",
         };
-        let mut spec = json!({"url": self.api_url(), "worker_type": worker_type, "runtime_type": cfg.engine.as_str()});
+        let url = self.grpc_url().unwrap_or_else(|| self.api_url());
+        let mut spec =
+            json!({"url": url, "worker_type": worker_type, "runtime_type": cfg.engine.as_str()});
         let mut labels = serde_json::Map::new();
         if cfg.role == Role::Prefill {
             if let Some(p) = self.bootstrap_port() {
@@ -203,7 +257,7 @@ impl MockEngine {
             }
         }
         match cfg.engine {
-            EngineKind::Sglang => {
+            EngineKind::Sglang | EngineKind::TokenSpeed => {
                 labels.insert(
                     "disaggregation_transfer_backend".into(),
                     json!(cfg.connector.as_str()),

@@ -1,12 +1,14 @@
 //! `mock-engine` binary: one mock engine per process, for the demo and bench scripts.
-//! Prints `READY api=http://H:P bootstrap=N` once listening; exits on SIGTERM/SIGINT.
+//! Prints `READY api=http://H:P bootstrap=N ...` once listening (a gRPC engine:
+//! `READY api=grpc://H:P control=http://H:C ...`); exits on SIGTERM/SIGINT.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::Parser;
 use mock_engine::{
-    Connector, EngineKind, LoadFailurePolicy, MalformedParams, MockEngine, MockEngineConfig, Role,
+    Connector, EngineKind, GrpcCode, GrpcOptions, LoadFailurePolicy, MalformedParams, MockEngine,
+    MockEngineConfig, OutputVocab, Role, Transport,
 };
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -43,22 +45,92 @@ fn parse_engine(s: &str) -> Result<EngineKind, String> {
     match s {
         "sglang" => Ok(EngineKind::Sglang),
         "vllm" => Ok(EngineKind::Vllm),
-        _ => Err(format!("bad engine {s:?} (sglang|vllm)")),
+        "tokenspeed" => Ok(EngineKind::TokenSpeed),
+        _ => Err(format!("bad engine {s:?} (sglang|vllm|tokenspeed)")),
     }
+}
+
+fn parse_transport(s: &str) -> Result<Transport, String> {
+    match s {
+        "http" => Ok(Transport::Http),
+        "grpc" => Ok(Transport::Grpc),
+        _ => Err(format!("bad transport {s:?} (http|grpc)")),
+    }
+}
+
+fn parse_grpc_code(s: &str) -> Result<GrpcCode, String> {
+    GrpcCode::parse(s).ok_or_else(|| format!("bad gRPC code {s:?} (e.g. INTERNAL, UNAVAILABLE)"))
+}
+
+/// A list of token ids (one flag value; clap would read a bare `Vec` as repeated values).
+#[derive(Clone, Debug)]
+struct TokenIds(Vec<u32>);
+
+/// Token ids: `5,6,7`, a half-open range `1000..1200`, or an inclusive one `1000-1199`, mixed
+/// with commas.
+fn parse_ids(s: &str) -> Result<TokenIds, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let num = |x: &str| {
+            x.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("bad token id {x:?} in {s:?}"))
+        };
+        if let Some((a, b)) = part.split_once("..") {
+            out.extend(num(a)?..num(b)?);
+        } else if let Some((a, b)) = part.split_once('-') {
+            out.extend(num(a)?..=num(b)?);
+        } else {
+            out.push(num(part)?);
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("no token ids in {s:?}"));
+    }
+    Ok(TokenIds(out))
 }
 
 fn parse_connector(s: &str) -> Result<Connector, String> {
     Connector::parse(s).ok_or_else(|| format!("bad connector {s:?}"))
 }
 
-/// Mock SGLang / vLLM PD engine.
+/// Mock SGLang / vLLM / TokenSpeed PD engine (HTTP or gRPC).
 #[derive(Parser, Debug)]
 #[command(name = "mock-engine", version)]
 struct Args {
     #[arg(long, default_value = "both", value_parser = parse_role)]
     role: Role,
+    /// sglang | vllm | tokenspeed (gRPC only).
     #[arg(long, default_value = "sglang", value_parser = parse_engine)]
     engine: EngineKind,
+    /// http | grpc (default: http; grpc for tokenspeed). gRPC serves the engine's servicer on
+    /// --port and the /mock/* control plane on --control-port.
+    #[arg(long, value_parser = parse_transport)]
+    transport: Option<Transport>,
+    /// gRPC: the control-plane HTTP port (0 = ephemeral).
+    #[arg(long, default_value_t = 0)]
+    control_port: u16,
+    /// gRPC: send Generate's response headers at once (default: with the first message, as
+    /// Python grpc.aio servicers do).
+    #[arg(long)]
+    grpc_headers_at_once: bool,
+    /// gRPC SGLang: accept string stops and min_new_tokens (a servicer with a tokenizer; the
+    /// default refuses them, as skip_tokenizer_init workers do).
+    #[arg(long)]
+    no_skip_tokenizer_init: bool,
+    /// gRPC SGLang/TokenSpeed: the status of a rendezvous that never completed.
+    #[arg(long, default_value = "INTERNAL", value_parser = parse_grpc_code)]
+    kv_timeout_code: GrpcCode,
+    /// Token ids the model emits (`5,6,7`, `1000..1200`, `1000-1199`); default: the built-in
+    /// pseudo-words (ids 40000+). Set it to ids the gateway's tokenizer knows.
+    #[arg(long, value_parser = parse_ids)]
+    output_ids: Option<TokenIds>,
+    /// End-of-sequence ids (the first is emitted); default 2.
+    #[arg(long, value_parser = parse_ids)]
+    eos_ids: Option<TokenIds>,
+    /// `tokenizer_path` the info RPCs report.
+    #[arg(long)]
+    tokenizer_path: Option<String>,
     /// mooncake | nixl | fake | moriio-read | moriio-write | none (default: mooncake for sglang, nixl for vllm).
     #[arg(long, value_parser = parse_connector)]
     connector: Option<Connector>,
@@ -143,12 +215,33 @@ struct Args {
 
 fn config(a: Args) -> Result<MockEngineConfig, String> {
     let connector = a.connector.unwrap_or(match a.engine {
-        EngineKind::Sglang => Connector::Mooncake,
+        EngineKind::Sglang | EngineKind::TokenSpeed => Connector::Mooncake,
         EngineKind::Vllm => Connector::Nixl,
     });
+    let transport = a.transport.unwrap_or(match a.engine {
+        EngineKind::TokenSpeed => Transport::Grpc,
+        _ => Transport::Http,
+    });
+    let eos = a.eos_ids.clone().map_or_else(|| vec![2], |t| t.0);
+    let output_vocab = match a.output_ids.clone() {
+        Some(ids) => OutputVocab::ids(ids.0, eos),
+        None if a.eos_ids.is_some() => {
+            return Err("--eos-ids needs --output-ids (the pseudo-words end on 2)".into())
+        }
+        None => OutputVocab::pseudo_words(),
+    };
     Ok(MockEngineConfig {
         role: a.role,
         engine: a.engine,
+        transport,
+        grpc: GrpcOptions {
+            headers_at_once: a.grpc_headers_at_once,
+            control_port: a.control_port,
+            skip_tokenizer_init: !a.no_skip_tokenizer_init,
+            kv_timeout_code: a.kv_timeout_code,
+        },
+        output_vocab,
+        tokenizer_path: a.tokenizer_path,
         connector,
         bind_ip: a.host,
         port: a.port,
@@ -218,7 +311,13 @@ async fn main() {
     let boot = engine
         .bootstrap_port()
         .map_or_else(|| "none".to_string(), |p| p.to_string());
-    let mut line = format!("READY api={} bootstrap={boot}", engine.api_url());
+    let mut line = match engine.grpc_url() {
+        Some(url) => format!(
+            "READY api={url} control={} bootstrap={boot}",
+            engine.control_url()
+        ),
+        None => format!("READY api={} bootstrap={boot}", engine.api_url()),
+    };
     if let Some(p) = engine.side_channel_port() {
         line.push_str(&format!(" side_channel={p}"));
     }

@@ -49,6 +49,9 @@ pub struct ItemHandoff {
     pub route_attempts: u32,
     pub wait_ms: Option<f64>,
     pub error: Option<String>,
+    /// The DP rank the room was placed on (SGLang / TokenSpeed prefill).
+    #[serde(default)]
+    pub dp_rank: Option<u32>,
 }
 
 /// The handoff as this engine saw it.
@@ -84,9 +87,17 @@ pub struct Outcome {
     pub error: Option<String>,
     pub finish_reason: Option<String>,
     pub completion_tokens: Option<u64>,
+    /// gRPC: the status the call ended with (`"OK"`, `"INVALID_ARGUMENT"`, ...); `None` while
+    /// running, after a client hang-up, and over HTTP.
+    #[serde(default)]
+    pub grpc_code: Option<String>,
+    /// gRPC: ended by an `Abort` RPC naming its request id (a client hang-up sets `cancelled`).
+    #[serde(default)]
+    pub aborted: bool,
 }
 
-/// Everything recorded about one HTTP request to the API port.
+/// Everything recorded about one request to the API port: an HTTP request, or a gRPC
+/// `Generate` call (then `grpc` is set and `path` is the method path).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
     pub seq: u64,
@@ -102,6 +113,89 @@ pub struct RequestRecord {
     pub parsed: ParsedFields,
     pub handoff: Handoff,
     pub outcome: Outcome,
+    /// gRPC: the `GenerateRequest` as the servicer decoded it (`path` is the method path).
+    #[serde(default)]
+    pub grpc: Option<GrpcRequest>,
+}
+
+/// A gRPC `GenerateRequest`, engine-neutral: what each servicer read from its own proto.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrpcRequest {
+    pub request_id: String,
+    /// `tokenized.input_ids` (vLLM: the fake tokenizer's ids of `text` when `text` was sent).
+    pub input_ids: Vec<u32>,
+    /// vLLM `text` input.
+    pub text: Option<String>,
+    pub stream: bool,
+    pub sampling: GrpcSampling,
+    /// SGLang `disaggregated_params` / TokenSpeed `kv_bootstrap_info`.
+    pub bootstrap: Option<GrpcBootstrap>,
+    /// vLLM `kv_transfer_params_json`, verbatim.
+    pub kv_transfer_params_json: Option<String>,
+    /// vLLM legacy typed `kv_transfer_params`.
+    pub kv_transfer_params_legacy: Option<LegacyKvParams>,
+    pub data_parallel_rank: Option<i32>,
+    /// SGLang / TokenSpeed `return_logprob`; vLLM: `logprobs` set.
+    pub return_logprob: bool,
+    pub logprob_start_len: Option<i32>,
+    pub top_logprobs_num: i32,
+    /// gRPC metadata (lower-case ASCII keys).
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Sampling fields of a `GenerateRequest` (engine-neutral names; `None` = unset where the
+/// engine's proto has presence).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrpcSampling {
+    /// SGLang / TokenSpeed `max_new_tokens`, vLLM `max_tokens`.
+    pub max_new_tokens: Option<u32>,
+    /// SGLang / TokenSpeed `min_new_tokens`, vLLM `min_tokens`.
+    pub min_new_tokens: u32,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub n: u32,
+    /// vLLM `seed` (sign-extended), TokenSpeed `sampling_seed`.
+    pub seed: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub skip_special_tokens: bool,
+    pub no_stop_trim: bool,
+    /// vLLM `logprobs` / `prompt_logprobs`.
+    pub logprobs: Option<i32>,
+    pub prompt_logprobs: Option<i32>,
+}
+
+/// Bootstrap fields of one SGLang / TokenSpeed leg, as sent (the room widened to i64).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrpcBootstrap {
+    pub host: String,
+    pub port: i32,
+    pub room: i64,
+}
+
+/// vLLM's deprecated typed `KvTransferParams`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LegacyKvParams {
+    pub remote_host: String,
+    pub remote_port: u32,
+}
+
+/// One `Abort` RPC (`GET /mock/aborts`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AbortRecord {
+    pub at_ms: f64,
+    /// SGLang / TokenSpeed: one id; vLLM: the list sent.
+    pub request_ids: Vec<String>,
+    /// SGLang / TokenSpeed `reason` (vLLM has none).
+    pub reason: Option<String>,
+    /// Sequence numbers of the live `Generate` calls it ended.
+    pub aborted_seqs: Vec<u64>,
 }
 
 impl RequestRecord {
@@ -204,6 +298,12 @@ pub struct Stats {
     pub transfer_failed_total: u64,
     pub crashed: bool,
     pub killed: bool,
+    /// gRPC: calls per method (`HealthCheck`, `GetLoads`, `Generate`, ...).
+    #[serde(default)]
+    pub rpc_calls: BTreeMap<String, u64>,
+    /// gRPC: finished `Generate` calls per status name.
+    #[serde(default)]
+    pub requests_by_grpc_code: BTreeMap<String, u64>,
 }
 
 /// Monotonic counters kept by the engine.
@@ -226,6 +326,8 @@ pub struct CountersInner {
     pub transfer_failed: u64,
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
+    pub rpc_calls: BTreeMap<String, u64>,
+    pub by_grpc_code: BTreeMap<String, u64>,
 }
 
 impl Counters {

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 
 use crate::config::EngineKind;
-use crate::fake_model::{token_text, Finish, GenToken, Matched, EOS};
+use crate::fake_model::{token_text, Finish, GenToken, Matched, OutputVocab};
 use crate::job::{ApiError, Job, LogprobOpts, Route};
 
 pub use crate::fake_model::LogprobRow as LpRow;
@@ -50,6 +50,11 @@ pub enum Step {
         item: usize,
         scores: Vec<f64>,
     },
+    /// The item's runner returned: nothing more will come for it (and what it recorded, such as
+    /// a vLLM prefill's handoff, is final).
+    ItemDone {
+        item: usize,
+    },
 }
 
 #[derive(Default, Clone)]
@@ -85,6 +90,8 @@ pub struct Renderer {
     return_documents: bool,
     /// vLLM prefill: `kv_transfer_params` for the top level of the non-stream body.
     pub kv_transfer_params: Option<Value>,
+    /// The job's output vocabulary (which ids are EOS).
+    vocab: OutputVocab,
 }
 
 fn unix_now() -> u64 {
@@ -126,6 +133,11 @@ impl Renderer {
             top_n: job.top_n,
             return_documents: job.return_documents,
             kv_transfer_params: None,
+            vocab: job
+                .items
+                .first()
+                .map(|i| i.spec.vocab.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -158,7 +170,12 @@ impl Renderer {
     /// Applies a step; returns the SSE frames it produces when streaming.
     pub fn apply(&mut self, step: Step) -> Vec<String> {
         let mut out = Vec::new();
-        if !self.started && !matches!(step, Step::Prompt { .. } | Step::Scores { .. }) {
+        if !self.started
+            && !matches!(
+                step,
+                Step::Prompt { .. } | Step::Scores { .. } | Step::ItemDone { .. }
+            )
+        {
             self.started = true;
             out.extend(self.prologue());
         }
@@ -198,6 +215,7 @@ impl Renderer {
             Step::Scores { item, scores } => {
                 self.items[item].scores = Some(scores);
             }
+            Step::ItemDone { .. } => {}
         }
         out
     }
@@ -424,7 +442,7 @@ impl Renderer {
 
     fn stop_detail(&self, f: Option<&FinishKind>) -> (&'static str, Value) {
         match self.engine {
-            EngineKind::Sglang => (
+            EngineKind::Sglang | EngineKind::TokenSpeed => (
                 "matched_stop",
                 match f {
                     Some(FinishKind::Model(Finish::Stop(Matched::Token(t)))) => json!(t),
@@ -435,7 +453,9 @@ impl Renderer {
             EngineKind::Vllm => (
                 "stop_reason",
                 match f {
-                    Some(FinishKind::Model(Finish::Stop(Matched::Token(t)))) if *t != EOS => {
+                    Some(FinishKind::Model(Finish::Stop(Matched::Token(t))))
+                        if !self.vocab.is_eos(*t) =>
+                    {
                         json!(t)
                     }
                     Some(FinishKind::Model(Finish::Stop(Matched::Text(s)))) => json!(s),
@@ -585,8 +605,10 @@ impl Renderer {
         let cached: usize = self.items.first().map_or(0, |i| i.prompt.cached_tokens);
         let details = match self.engine {
             EngineKind::Vllm => Value::Null,
-            EngineKind::Sglang if cached > 0 => json!({"cached_tokens": cached}),
-            EngineKind::Sglang => Value::Null,
+            EngineKind::Sglang | EngineKind::TokenSpeed if cached > 0 => {
+                json!({"cached_tokens": cached})
+            }
+            EngineKind::Sglang | EngineKind::TokenSpeed => Value::Null,
         };
         json!({"prompt_tokens":prompt,"total_tokens":prompt+completion,"completion_tokens":completion,"prompt_tokens_details":details})
     }
@@ -627,7 +649,7 @@ impl Renderer {
     pub fn error_frames(&mut self, err: &ApiError) -> Vec<String> {
         let mut out = Vec::new();
         match (self.engine, self.route) {
-            (EngineKind::Sglang, Route::Generate) if err.status >= 500 => {
+            (EngineKind::Sglang | EngineKind::TokenSpeed, Route::Generate) if err.status >= 500 => {
                 let idx = 0;
                 let it = self.items.first().cloned().unwrap_or_default();
                 let mut v = self.generate_obj(idx, &it.visible, &it.tokens, None);
@@ -636,7 +658,7 @@ impl Renderer {
                 out.push(sse(&v));
                 out.push(DONE.to_string());
             }
-            (EngineKind::Sglang, Route::Generate) => {
+            (EngineKind::Sglang | EngineKind::TokenSpeed, Route::Generate) => {
                 out.push(sse(&json!({"error":{"message":err.message}})));
                 out.push(DONE.to_string());
             }
@@ -713,7 +735,7 @@ impl Renderer {
                         let mut c = if self.route == Route::Chat {
                             let mut msg = json!({"role":"assistant","content":it.visible});
                             match self.engine {
-                                EngineKind::Sglang => {
+                                EngineKind::Sglang | EngineKind::TokenSpeed => {
                                     msg["reasoning_content"] = Value::Null;
                                     msg["tool_calls"] = Value::Null;
                                 }
@@ -738,7 +760,9 @@ impl Renderer {
                 };
                 let mut body = json!({"id":self.response_id(),"object":object,"created":self.created,"model":self.model,"choices":choices,"usage":self.usage()});
                 match self.engine {
-                    EngineKind::Sglang => body["metadata"] = json!({"weight_version":"default"}),
+                    EngineKind::Sglang | EngineKind::TokenSpeed => {
+                        body["metadata"] = json!({"weight_version":"default"})
+                    }
                     EngineKind::Vllm => {
                         body["prompt_logprobs"] = Value::Null;
                         body["kv_transfer_params"] =
@@ -804,10 +828,10 @@ fn error_type(engine: EngineKind, status: u16) -> &'static str {
         (EngineKind::Vllm, 400) => "BadRequestError",
         (EngineKind::Vllm, 404) => "NotFoundError",
         (EngineKind::Vllm, _) => "InternalServerError",
-        (EngineKind::Sglang, 400) => "BadRequest",
-        (EngineKind::Sglang, 404) => "NotFound",
-        (EngineKind::Sglang, 503) => "ServiceUnavailable",
-        (EngineKind::Sglang, _) => "InternalServerError",
+        (EngineKind::Sglang | EngineKind::TokenSpeed, 400) => "BadRequest",
+        (EngineKind::Sglang | EngineKind::TokenSpeed, 404) => "NotFound",
+        (EngineKind::Sglang | EngineKind::TokenSpeed, 503) => "ServiceUnavailable",
+        (EngineKind::Sglang | EngineKind::TokenSpeed, _) => "InternalServerError",
     }
 }
 
@@ -822,10 +846,11 @@ pub fn error_body(engine: EngineKind, route: Option<Route>, err: &ApiError) -> V
             };
             json!({"type":"error","error":{"type":t,"message":err.message}})
         }
-        (EngineKind::Sglang, Some(Route::Generate)) | (EngineKind::Sglang, None) => {
+        (EngineKind::Sglang | EngineKind::TokenSpeed, Some(Route::Generate))
+        | (EngineKind::Sglang | EngineKind::TokenSpeed, None) => {
             json!({"error":{"message":err.message}})
         }
-        (EngineKind::Sglang, _) => {
+        (EngineKind::Sglang | EngineKind::TokenSpeed, _) => {
             json!({"object":"error","message":err.message,"type":error_type(engine, err.status),"param":null,"code":err.status})
         }
         (EngineKind::Vllm, _) => {

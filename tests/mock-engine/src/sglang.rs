@@ -23,7 +23,7 @@ use crate::client;
 use crate::config::{Connector, Fault, MockEngineConfig};
 use crate::engine::{generate, send_prompt, Gauge, ReqCtx, RoomInfo, Shared, StepTx};
 use crate::fake_model::{self, Decoder};
-use crate::job::{ApiError, Job, JobItem};
+use crate::job::{ApiError, ErrorKind, Job, JobItem};
 use crate::records::now_ms;
 use crate::render::{FinishKind, Step};
 use crate::server::{self, HttpResponse, TaskGroup};
@@ -203,18 +203,22 @@ fn fmt_secs(d: Duration) -> String {
     format!("{}", d.as_secs_f64())
 }
 
+/// A `KVTransferError` of the prefill side (the rendezvous did not complete).
 fn prefill_error(ctx: &ReqCtx, room: u64, reason: &str) -> ApiError {
     ApiError::internal(format!(
         "Prefill transfer failed for request rank=0 req.rid='{}' req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): {reason}",
         ctx.job.rid
     ))
+    .with_kind(ErrorKind::KvTimeout)
 }
 
+/// A `KVTransferError` of the decode side (the rendezvous did not complete).
 fn decode_error(ctx: &ReqCtx, room: u64, reason: &str) -> ApiError {
     ApiError::internal(format!(
         "Decode transfer failed for request rank=0 decode_req.req.rid='{}' decode_req.req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): {reason}",
         ctx.job.rid
     ))
+    .with_kind(ErrorKind::KvTimeout)
 }
 
 /// Removes a prefill room when its request ends; a room that did not reach Success tells its
@@ -289,6 +293,7 @@ pub(crate) async fn run_prefill_item(
     let room = b.room;
     shared.record_item(ctx.seq, item.index, |h| h.room = Some(room));
     let rank = own_dp_rank(ctx, &b)?;
+    shared.record_item(ctx.seq, item.index, |h| h.dp_rank = Some(rank));
     let timeout_err = || {
         prefill_error(
             ctx,
@@ -324,7 +329,8 @@ pub(crate) async fn run_prefill_item(
                     ctx,
                     room,
                     &format!("duplicate bootstrap_room {room}: a room identifies one request"),
-                ));
+                )
+                .with_kind(ErrorKind::Request));
             }
             Some(r) => {
                 r.id = id;
@@ -410,7 +416,7 @@ pub(crate) async fn run_prefill_item(
         .is_some()
     {
         payload.prompt_state ^= 0x0BAD_0BAD_0BAD_0BAD;
-        payload.t0 = fake_model::word_for(payload.prompt_state);
+        payload.t0 = item.spec.vocab.word_for(payload.prompt_state);
     }
     if let Some(Fault::SlowTransferMs { ms }) =
         shared.has_fault(|f| matches!(f, Fault::SlowTransferMs { .. }))
@@ -560,7 +566,8 @@ async fn fetch_parallel_info(ctx: &ReqCtx, idx: usize, addr: &str) -> Result<Val
     ctx.shared.counters.with(|c| c.bootstrap_failed += 1);
     Err(ApiError::internal(format!(
         "Could not fetch prefill parallel info from {addr} after {attempts} attempts"
-    )))
+    ))
+    .with_kind(ErrorKind::KvTimeout))
 }
 
 /// A decode leg: find the prefill through its bootstrap server, register as receiver, wait for
@@ -623,7 +630,7 @@ pub(crate) async fn run_decode_item(
             ctx,
             room,
             &format!("Page size mismatch: prefill server has page_size={p_page}, but decode server has page_size={}", cfg.page_size),
-        ));
+        ).with_kind(ErrorKind::Request));
     }
     let p_dtype = info
         .get("kv_cache_dtype")
@@ -634,7 +641,7 @@ pub(crate) async fn run_decode_item(
             ctx,
             room,
             &format!("KV cache dtype mismatch: prefill server has kv_cache_dtype={p_dtype}, but decode server has kv_cache_dtype={}", cfg.kv_cache_dtype),
-        ));
+        ).with_kind(ErrorKind::Request));
     }
     let p_dp = info
         .get("dp_size")
@@ -694,7 +701,8 @@ pub(crate) async fn run_decode_item(
                 ctx,
                 room,
                 &format!("duplicate bootstrap_room {room}: a room identifies one request"),
-            ));
+            )
+            .with_kind(ErrorKind::Request));
         }
         slots.insert(
             room,

@@ -29,7 +29,7 @@ use crate::client;
 use crate::config::{Connector, Fault, LoadFailurePolicy, MalformedParams, MockEngineConfig, Role};
 use crate::engine::{generate, run_local, send_prompt, Gauge, ReqCtx, RoomInfo, Shared, StepTx};
 use crate::fake_model::{self, Decoder, Finish};
-use crate::job::{ApiError, Job, JobItem, Route};
+use crate::job::{ApiError, ErrorKind, Job, JobItem, Route};
 use crate::records::now_ms;
 use crate::server::{self, HttpResponse, TaskGroup};
 
@@ -252,9 +252,19 @@ fn id_prefix(route: Route) -> &'static str {
     }
 }
 
-/// The engine-internal request id (`<prefix><id>-<8hex>` since vLLM#27987).
+/// The id the engine core sees: the OpenAI server prefixes it (`chatcmpl-<id>`), the gRPC
+/// servicer passes `request_id` unchanged.
+fn engine_request_id(ctx: &ReqCtx) -> String {
+    if ctx.is_grpc() {
+        ctx.job.rid.clone()
+    } else {
+        format!("{}{}", id_prefix(ctx.job.route), ctx.job.rid)
+    }
+}
+
+/// The engine-internal request id (`<engine id>-<8hex>` since vLLM#27987).
 fn internal_request_id(ctx: &ReqCtx) -> String {
-    let base = format!("{}{}", id_prefix(ctx.job.route), ctx.job.rid);
+    let base = engine_request_id(ctx);
     if ctx.cfg().request_id_suffix {
         format!("{base}-{}", crate::job::random_hex(8))
     } else {
@@ -727,7 +737,9 @@ pub(crate) async fn run_decode_item(
             shared.counters.handoff("failed");
             shared.timeline(ctx.seq, format!("KV load failed: {reason}"));
             match cfg.kv_load_failure_policy {
-                LoadFailurePolicy::Fail => Err(ApiError::internal(reason)),
+                LoadFailurePolicy::Fail => {
+                    Err(ApiError::internal(reason).with_kind(ErrorKind::KvLoad))
+                }
                 LoadFailurePolicy::Recompute => {
                     shared.counters.with(|c| c.recompute += 1);
                     run_local(ctx, item, tx, "recompute").await
@@ -749,7 +761,14 @@ async fn decode_from(
         h.kv_source = Some(source.to_string());
         h.prompt_digest = digest;
     });
-    send_prompt(ctx, item, tx, 0, false);
+    // The gRPC servicer reports `num_cached_tokens`, which counts the prompt tokens whose KV
+    // came from the connector: the whole prompt when it arrived (a recompute reports 0).
+    let cached = if ctx.is_grpc() && source == "remote" {
+        item.prompt_ids.len()
+    } else {
+        0
+    };
+    send_prompt(ctx, item, tx, cached, false);
     generate(ctx, item, Decoder::new(s_n, item.spec.clone()), None, tx).await;
     Ok(())
 }
@@ -863,7 +882,7 @@ async fn nixl_load(
         .get("remote_request_id")
         .and_then(Value::as_str)
         .map(str::to_string)
-        .unwrap_or_else(|| format!("{}{}", id_prefix(ctx.job.route), ctx.job.rid));
+        .unwrap_or_else(|| engine_request_id(ctx));
     let _ = client::request_with(
         &opts(ctx, Duration::from_secs(5)),
         "POST",

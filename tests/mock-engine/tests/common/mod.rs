@@ -1,6 +1,8 @@
 //! Shared helpers of the mock-engine tests.
 #![allow(dead_code)]
 
+pub mod grpc;
+
 use std::time::Duration;
 
 use bytes::Bytes;
