@@ -91,7 +91,8 @@ async fn read_spec(gw: &Gateway, session: &mut Session) -> Result<WorkerSpec, Re
     Ok(spec)
 }
 
-/// What pdgate accepts as a worker: a valid spec for an `http(s)://` prefill or decode leg.
+/// What pdgate accepts as a worker: a valid spec for an `http(s)://` or `grpc://` prefill or
+/// decode leg.
 fn check_spec(spec: &WorkerSpec) -> Result<(), Reply> {
     spec.validate()
         .map_err(|e| admin_error(ErrorCode::BadRequest, &e.to_string()))?;

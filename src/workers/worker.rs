@@ -14,7 +14,7 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora_prometheus::prometheus::IntGauge;
 
 use super::breaker::Breaker;
-use crate::config::{CircuitBreakerSettings, RuntimeType, WorkerSpec, WorkerType};
+use crate::config::{CircuitBreakerSettings, ConnectionMode, RuntimeType, WorkerSpec, WorkerType};
 use crate::metrics::METRICS;
 use crate::policy::EngineLoad;
 
@@ -64,23 +64,31 @@ pub struct WorkerAddress {
     /// The URL's path, without a trailing `/` (usually empty); legs go to `{path_prefix}{route}`.
     pub path_prefix: String,
     pub tls: bool,
+    /// The transport, from the scheme: `http(s)://` legs are HTTP/1.1 requests, `grpc://` legs
+    /// are calls to the engine's gRPC servicer. Never `Zmq` (refused at intake).
+    pub connection_mode: ConnectionMode,
     /// DP rank from a `url@rank` suffix.
     pub dp_rank: Option<u32>,
 }
 
 impl WorkerAddress {
-    /// Parses an `http(s)://host[:port][/path][@rank]` worker URL. The scheme must be lowercase.
+    /// Parses an `http(s)://host[:port][/path][@rank]` or `grpc://host:port[@rank]` worker URL.
+    /// The scheme must be lowercase; a gRPC URL needs a port and has no path; `grpcs://` is
+    /// refused (no TLS client for gRPC in this build, see `GRPCS_WORKERS_SUPPORTED`).
     pub fn parse(url: &str) -> Result<WorkerAddress, String> {
         let (base, dp_rank) = split_dp_suffix(url);
-        let (tls, rest) = if let Some(r) = base.strip_prefix("http://") {
-            (false, r)
+        let (tls, connection_mode, rest) = if let Some(r) = base.strip_prefix("http://") {
+            (false, ConnectionMode::Http, r)
         } else if let Some(r) = base.strip_prefix("https://") {
-            (true, r)
+            (true, ConnectionMode::Http, r)
+        } else if let Some(r) = base.strip_prefix("grpc://") {
+            (false, ConnectionMode::Grpc, r)
         } else {
             return Err(format!(
-                "worker URL `{url}` must start with lowercase http:// or https://"
+                "worker URL `{url}` must start with lowercase http://, https:// or grpc://"
             ));
         };
+        let grpc = connection_mode == ConnectionMode::Grpc;
         let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
         let path_prefix = rest[authority.len()..]
             .split(['?', '#'])
@@ -112,6 +120,11 @@ impl WorkerAddress {
         if host.is_empty() {
             return Err(format!("worker URL `{url}` has no host"));
         }
+        if grpc && (port.is_none() || !path_prefix.is_empty()) {
+            return Err(format!(
+                "gRPC worker URL `{url}` must be grpc://host:port (a port, no path)"
+            ));
+        }
         let port = match port {
             Some(p) => p
                 .parse::<u16>()
@@ -128,8 +141,14 @@ impl WorkerAddress {
             authority: authority.to_string(),
             path_prefix,
             tls,
+            connection_mode,
             dp_rank,
         })
+    }
+
+    /// Whether legs to this worker are gRPC calls.
+    pub fn is_grpc(&self) -> bool {
+        self.connection_mode == ConnectionMode::Grpc
     }
 
     /// The request path for `route` on this worker.
@@ -274,6 +293,17 @@ impl Worker {
 
     pub fn role(&self) -> WorkerType {
         self.spec.worker_type
+    }
+
+    /// Whether this worker is reached over gRPC (`grpc://`): its legs, health checks and load
+    /// reports go through the engine's servicer.
+    pub fn is_grpc(&self) -> bool {
+        self.address.is_grpc()
+    }
+
+    /// `http` or `grpc`: SMG's `connection_mode` (worker listing, metric labels).
+    pub fn connection_mode(&self) -> ConnectionMode {
+        self.address.connection_mode
     }
 
     pub fn status(&self) -> Status {
@@ -480,10 +510,28 @@ mod tests {
             "http://",
             "http://p:0",
             "http://p:x",
-            "grpc://p:1",
+            "grpcs://p:1",
+            "grpc://p",
+            "grpc://p:1/v1",
             "http://user@p:1",
         ] {
             assert!(WorkerAddress::parse(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn a_grpc_address_is_a_grpc_transport_with_the_url_host_for_bootstrap() {
+        let a = WorkerAddress::parse("grpc://10.0.0.5:50051@1").unwrap();
+        assert!(a.is_grpc());
+        assert_eq!(a.connection_mode, ConnectionMode::Grpc);
+        assert_eq!(a.base_url, "grpc://10.0.0.5:50051");
+        assert_eq!((a.host.as_str(), a.port), ("10.0.0.5", 50051));
+        assert_eq!(a.dp_rank, Some(1));
+        assert!(!a.tls);
+        assert!(!WorkerAddress::parse("http://p:1").unwrap().is_grpc());
+        assert_eq!(
+            WorkerAddress::parse("grpc://[::1]:7/").unwrap().authority,
+            "[::1]:7"
+        );
     }
 }
