@@ -2,6 +2,11 @@
 //! version, explicit protocol) and the compatibility rule of `--pd-pairing-mode`, as the spec
 //! defines them ("Prefill/Decode Pairing"). Compatibility is worked out when the fleet changes
 //! (the registry snapshot keeps, per prefill, the decodes it may pair with), never per request.
+//!
+//! Above the mode sits the connection: an HTTP leg and a gRPC leg never pair, in any mode (one
+//! request runs one pipeline: the HTTP legs forward the client's JSON, the gRPC legs carry
+//! tokens), and under `off` two gRPC legs still share one runtime (spec: "gRPC still keeps both
+//! legs on one runtime").
 
 use std::fmt::Write as _;
 
@@ -23,6 +28,8 @@ const LAYOUT: [(&str, &str, &str); 4] = [
 /// What a worker reports about its KV transfer protocol; `None` = unknown.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Descriptor {
+    /// Reached over gRPC (`grpc://`) rather than HTTP.
+    pub grpc: bool,
     pub runtime: Option<&'static str>,
     pub transport: Option<String>,
     pub layout: [Option<String>; 4],
@@ -61,6 +68,7 @@ impl Descriptor {
             layout[1] = get("block_size").or_else(|| w.spec.kv_block_size.map(|b| b.to_string()));
         }
         Descriptor {
+            grpc: w.is_grpc(),
             runtime: runtime.map(RuntimeType::as_str),
             transport,
             layout,
@@ -112,13 +120,20 @@ pub type Mismatch = Vec<&'static str>;
 
 /// Whether a prefill may hand its KV to a decode under `mode`.
 pub fn compatible(mode: PairingMode, p: &Descriptor, d: &Descriptor) -> Result<(), Mismatch> {
+    let differs =
+        |a: &Option<&str>, b: &Option<&str>| matches!((a, b), (Some(x), Some(y)) if x != y);
+    if p.grpc != d.grpc {
+        return Err(vec!["connection_mode"]);
+    }
     if mode == PairingMode::Off {
-        return Ok(());
+        return if p.grpc && differs(&p.runtime, &d.runtime) {
+            Err(vec!["runtime"])
+        } else {
+            Ok(())
+        };
     }
     let strict = mode == PairingMode::Strict;
     let mut diff = Mismatch::new();
-    let differs =
-        |a: &Option<&str>, b: &Option<&str>| matches!((a, b), (Some(x), Some(y)) if x != y);
     if differs(&p.runtime, &d.runtime) || (strict && (p.runtime.is_none() || d.runtime.is_none())) {
         diff.push("runtime");
     }
@@ -244,6 +259,50 @@ mod tests {
         assert!(compatible(PairingMode::Strict, &p, &d)
             .unwrap_err()
             .contains(&"pairing_protocol"));
+    }
+
+    #[test]
+    fn an_http_leg_never_pairs_with_a_grpc_leg_in_any_mode() {
+        let http = desc("sglang", "mooncake", Some("fp8"));
+        let grpc = Descriptor {
+            grpc: true,
+            ..http.clone()
+        };
+        for mode in [PairingMode::Off, PairingMode::Lenient, PairingMode::Strict] {
+            assert_eq!(
+                compatible(mode, &grpc, &http),
+                Err(vec!["connection_mode"]),
+                "{mode:?}"
+            );
+            assert_eq!(
+                compatible(mode, &http, &grpc),
+                Err(vec!["connection_mode"]),
+                "{mode:?}"
+            );
+            assert_eq!(compatible(mode, &grpc, &grpc), Ok(()), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn off_still_keeps_two_grpc_legs_on_one_runtime() {
+        let p = Descriptor {
+            grpc: true,
+            ..desc("sglang", "mooncake", None)
+        };
+        let d = Descriptor {
+            grpc: true,
+            ..desc("tokenspeed", "mooncake", None)
+        };
+        assert_eq!(compatible(PairingMode::Off, &p, &d), Err(vec!["runtime"]));
+        let (hp, hd) = (
+            desc("sglang", "mooncake", None),
+            desc("tokenspeed", "mooncake", None),
+        );
+        assert_eq!(
+            compatible(PairingMode::Off, &hp, &hd),
+            Ok(()),
+            "HTTP as before"
+        );
     }
 
     #[test]
