@@ -250,7 +250,17 @@ pub mod label {
     pub const KV_ENGINE_ID: &str = "kv_engine_id";
     pub const DP_SIZE: &str = "dp_size";
     pub const TP_SIZE: &str = "tp_size";
+    /// SGLang's running window (server args; gRPC `GetLoads` per rank).
     pub const MAX_RUNNING_REQUESTS: &str = "max_running_requests";
+    /// TokenSpeed's and vLLM's running window.
+    pub const MAX_NUM_SEQS: &str = "max_num_seqs";
+    /// gRPC `GetModelInfo.max_context_length`.
+    pub const MAX_CONTEXT_LENGTH: &str = "max_context_length";
+    /// SGLang / TokenSpeed server args.
+    pub const CONTEXT_LENGTH: &str = "context_length";
+    pub const TOKENIZER_PATH: &str = "tokenizer_path";
+    /// vLLM's name for the page size.
+    pub const BLOCK_SIZE: &str = "block_size";
     pub const MODEL_ID: &str = "model_id";
     pub const SERVED_MODEL_NAME: &str = "served_model_name";
     pub const MODEL_PATH: &str = "model_path";

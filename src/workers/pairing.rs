@@ -40,7 +40,7 @@ pub struct Descriptor {
 
 impl Descriptor {
     pub fn of(w: &Worker) -> Descriptor {
-        let labels = &w.spec.labels;
+        let labels = w.labels();
         let get = |k: &str| {
             labels
                 .get(k)
@@ -65,7 +65,8 @@ impl Descriptor {
         }
         // vLLM calls the page size its block size.
         if layout[1].is_none() {
-            layout[1] = get("block_size").or_else(|| w.spec.kv_block_size.map(|b| b.to_string()));
+            layout[1] =
+                get(label::BLOCK_SIZE).or_else(|| w.spec.kv_block_size.map(|b| b.to_string()));
         }
         Descriptor {
             grpc: w.is_grpc(),
@@ -73,7 +74,7 @@ impl Descriptor {
             transport,
             layout,
             version: get(label::VERSION),
-            protocol: w.spec.pairing_protocol().map(str::to_string),
+            protocol: w.pairing_protocol().map(str::to_string),
         }
     }
 
@@ -101,11 +102,11 @@ impl Descriptor {
 /// A vLLM worker's transport: its connector reduced to `nixl`, `mooncake`, `moriio` (with the
 /// mode: `moriio-read` / `moriio-write`), any other name lower-cased; none registered: unknown.
 fn vllm_transport(w: &Worker) -> Option<String> {
-    let name = w.spec.kv_connector.as_deref()?;
+    let name = w.kv_connector()?;
     Some(match Connector::from_name(Some(name)) {
         Connector::Nixl => "nixl".into(),
         Connector::Mooncake => "mooncake".into(),
-        Connector::MoriIo => match w.spec.labels.get(moriio::LABEL_MODE).map(|m| m.trim()) {
+        Connector::MoriIo => match w.label(moriio::LABEL_MODE).map(str::trim) {
             Some(m) if m.eq_ignore_ascii_case("read") => "moriio-read".into(),
             Some(m) if m.eq_ignore_ascii_case("write") => "moriio-write".into(),
             _ => "moriio".into(),
