@@ -2,6 +2,7 @@
 //! and pair selection.
 
 pub mod breaker;
+pub mod facts;
 pub mod health;
 pub mod intake;
 pub mod load;
