@@ -134,6 +134,9 @@ catalogue! {
     /// gRPC path: a request feature the gateway-side conversion does not implement yet (tool
     /// calling, beam search, stored responses, …); the message names the field.
     FeatureNotSupported = "feature_not_supported", 400;
+    /// gRPC path: the selected runtime has no PD protocol (TensorRT-LLM, MLX, a servicer of no
+    /// known engine). SMG's code and status.
+    RuntimePdNotSupported = "runtime_pd_not_supported", 400;
 }
 
 impl ErrorCode {
