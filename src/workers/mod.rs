@@ -3,6 +3,7 @@
 
 pub mod breaker;
 pub mod facts;
+pub mod grpc;
 pub mod health;
 pub mod intake;
 pub mod load;

@@ -14,12 +14,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use std::sync::{Arc, OnceLock};
 
 use pingora::upstreams::peer::HttpPeer;
 use pingora_prometheus::prometheus::IntGauge;
+use tonic::transport::Channel;
 
 use super::breaker::Breaker;
 use crate::config::{
@@ -260,6 +262,11 @@ pub struct Worker {
     /// re-read when it recovers, since a restarted vLLM without a pinned id gets a new one).
     live_engine_id: ArcSwapOption<String>,
     pub peer: HttpPeer,
+    /// TCP connect deadline of this worker's connections (HTTP peer and gRPC channels).
+    connect_timeout: Duration,
+    /// The data plane's gRPC channel, created on first use (see [`Worker::grpc_channel`]);
+    /// shared by the DP-rank workers of one engine.
+    channel: Arc<OnceLock<Channel>>,
     status: AtomicU8,
     in_flight: AtomicUsize,
     /// Fed by the legs sent to this worker.
@@ -280,6 +287,42 @@ impl Worker {
         defaults: &WorkerDefaults,
         origin: Origin,
     ) -> Arc<Worker> {
+        let w = Arc::new(Worker::build(id, spec, address, addr, defaults, origin));
+        w.publish_health();
+        w
+    }
+
+    /// One DP rank of `parent` (`--dp-aware`): its own registration (`spec`, `address` with the
+    /// rank), the parent's live state, and the parent's data-plane gRPC channel (one engine,
+    /// one connection).
+    pub fn rank_of(
+        parent: &Worker,
+        spec: WorkerSpec,
+        address: WorkerAddress,
+        defaults: &WorkerDefaults,
+    ) -> Arc<Worker> {
+        let mut w = Worker::build(
+            uuid::Uuid::new_v4().to_string(),
+            spec,
+            address,
+            parent.socket,
+            defaults,
+            parent.origin,
+        );
+        w.channel = parent.channel.clone();
+        let w = Arc::new(w);
+        w.inherit_state(parent);
+        w
+    }
+
+    fn build(
+        id: String,
+        spec: WorkerSpec,
+        address: WorkerAddress,
+        addr: SocketAddr,
+        defaults: &WorkerDefaults,
+        origin: Origin,
+    ) -> Worker {
         let mut peer = HttpPeer::new(addr, address.tls, address.resolve_host().to_string());
         peer.options.connection_timeout = Some(defaults.connect_timeout);
         // New workers are probed before they take traffic, unless health checks are off.
@@ -296,7 +339,7 @@ impl Worker {
             super::breaker::settings_for(&defaults.breaker, spec.resilience.as_ref()),
             &spec.url,
         );
-        let w = Arc::new(Worker {
+        Worker {
             id,
             origin,
             declared_runtime: spec.runtime_type,
@@ -307,15 +350,15 @@ impl Worker {
             facts: OnceLock::new(),
             live_engine_id: ArcSwapOption::empty(),
             peer,
+            connect_timeout: defaults.connect_timeout,
+            channel: Arc::default(),
             status: AtomicU8::new(initial as u8),
             in_flight: AtomicUsize::new(0),
             breaker,
             load: ArcSwapOption::empty(),
             overloaded: AtomicBool::new(false),
             active_gauge,
-        });
-        w.publish_health();
-        w
+        }
     }
 
     pub fn url(&self) -> &str {
@@ -335,6 +378,29 @@ impl Worker {
     /// `http` or `grpc`: SMG's `connection_mode` (worker listing, metric labels).
     pub fn connection_mode(&self) -> ConnectionMode {
         self.address.connection_mode
+    }
+
+    /// The TCP connect deadline of this worker's connections.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The data plane's gRPC channel to this worker (meaningful only when [`Worker::is_grpc`]):
+    /// one HTTP/2 connection, multiplexing every leg, with SMG's settings (the worker's connect
+    /// timeout, keep-alive, adaptive window; `workers::grpc::endpoint`). Cheap to clone.
+    ///
+    /// Created lazily, on the first call, not at registration: Pingora runs each service on its
+    /// own tokio runtime, and a tonic channel's connection task lives on the runtime that
+    /// created it. Registration happens on the admin or a background service's runtime; the
+    /// first request leg runs on the data plane's, which is where the connection must live.
+    /// Call it only from the data plane (the background services have their own channels).
+    pub fn grpc_channel(&self) -> Channel {
+        self.channel
+            .get_or_init(|| {
+                super::grpc::endpoint(&self.address, self.socket, self.connect_timeout)
+                    .connect_lazy()
+            })
+            .clone()
     }
 
     pub fn status(&self) -> Status {
