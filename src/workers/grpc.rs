@@ -1,6 +1,7 @@
 //! The worker side of gRPC: how a `grpc://` worker's channels are built, and the control RPCs
 //! the background services make through the engine's own servicer — runtime detection,
-//! `GetModelInfo` / `GetServerInfo` at registration, `HealthCheck` for the health checker. The request legs (`Generate`, `Abort`) are the data plane's
+//! `GetModelInfo` / `GetServerInfo` at registration, `HealthCheck` for the health checker and
+//! `GetLoads` for the load monitor. The request legs (`Generate`, `Abort`) are the data plane's
 //! and use [`super::Worker::grpc_channel`].
 //!
 //! Two kinds of channel per worker, because Pingora runs each service on its own tokio runtime
@@ -26,6 +27,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
 use super::facts;
+use super::load::{DisaggLoad, RankLoad};
 use super::registry::Snapshot;
 use super::worker::{Discovered, Worker, WorkerAddress};
 use crate::config::RuntimeType;
@@ -320,6 +322,38 @@ impl ControlChannels {
                 .engine_id,
         )
     }
+
+    /// The engine's `GetLoads`, one row per DP rank; `None` when it does not answer or its
+    /// runtime has no load report we read.
+    pub async fn loads(&self, w: &Worker, timeout: Duration) -> Option<Vec<RankLoad>> {
+        let ch = self.channel(w);
+        Some(match w.runtime() {
+            RuntimeType::Sglang => {
+                let mut c = sglang::sglang_scheduler_client::SglangSchedulerClient::new(ch);
+                let req = Self::request(w, sglang_loads_request(), timeout);
+                let r = call("GetLoads", timeout, c.get_loads(req)).await.ok()?;
+                r.loads.iter().map(sglang_rank).collect()
+            }
+            RuntimeType::Vllm => {
+                let mut c = vllm::vllm_engine_client::VllmEngineClient::new(ch);
+                let load_req = vllm::GetLoadsRequest {
+                    dp_rank: None,
+                    include: sections(),
+                };
+                let req = Self::request(w, load_req, timeout);
+                let r = call("GetLoads", timeout, c.get_loads(req)).await.ok()?;
+                r.loads.iter().map(vllm_rank).collect()
+            }
+            RuntimeType::Tokenspeed => {
+                let mut c =
+                    tokenspeed::token_speed_scheduler_client::TokenSpeedSchedulerClient::new(ch);
+                let req = Self::request(w, tokenspeed_loads_request(), timeout);
+                let r = call("GetLoads", timeout, c.get_loads(req)).await.ok()?;
+                r.loads.iter().map(tokenspeed_rank).collect()
+            }
+            _ => return None,
+        })
+    }
 }
 
 /// One unary control RPC under a deadline; the error names the RPC.
@@ -350,6 +384,56 @@ fn tokenspeed_loads_request() -> tokenspeed::GetLoadsRequest {
     tokenspeed::GetLoadsRequest {
         dp_rank: None,
         include: sections(),
+    }
+}
+
+fn count(n: i32) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+fn sglang_rank(l: &sglang::SchedulerLoad) -> RankLoad {
+    RankLoad {
+        dp_rank: l.dp_rank,
+        waiting: count(l.num_waiting_reqs),
+        running: count(l.num_running_reqs),
+        token_usage: l.token_usage,
+        waiting_uncached_tokens: count(l.num_waiting_uncached_tokens),
+        gen_throughput: l.gen_throughput,
+        disagg: l.disaggregation.as_ref().map(|d| DisaggLoad {
+            mode: d.mode.clone(),
+            prefill_queue: count(d.prefill_prealloc_queue_reqs)
+                + count(d.prefill_inflight_queue_reqs),
+            decode_queue: count(d.decode_prealloc_queue_reqs)
+                + count(d.decode_transfer_queue_reqs)
+                + count(d.decode_retracted_queue_reqs),
+            kv_transfer_speed_gb_s: d.kv_transfer_speed_gb_s,
+            kv_transfer_latency_ms: d.kv_transfer_latency_ms,
+        }),
+    }
+}
+
+fn vllm_rank(l: &vllm::SchedulerLoad) -> RankLoad {
+    RankLoad {
+        dp_rank: l.dp_rank,
+        waiting: count(l.num_waiting_reqs),
+        running: count(l.num_running_reqs),
+        token_usage: l.token_usage,
+        waiting_uncached_tokens: count(l.num_waiting_uncached_tokens),
+        gen_throughput: l.gen_throughput,
+        disagg: None,
+    }
+}
+
+fn tokenspeed_rank(l: &tokenspeed::SchedulerLoad) -> RankLoad {
+    RankLoad {
+        dp_rank: l.dp_rank,
+        waiting: count(l.num_waiting_reqs),
+        running: count(l.num_running_reqs),
+        // Retained prefix cache is reclaimable: the non-evictable share is the real pressure.
+        token_usage: l.active_token_usage.unwrap_or(l.token_usage),
+        waiting_uncached_tokens: count(l.num_waiting_uncached_tokens),
+        gen_throughput: l.gen_throughput,
+        disagg: None,
     }
 }
 
