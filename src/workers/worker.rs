@@ -637,7 +637,11 @@ impl Worker {
         };
         METRICS
             .worker_errors
-            .with_label_values(&[self.role().as_str(), "http", error_type])
+            .with_label_values(&[
+                self.role().as_str(),
+                self.connection_mode().as_str(),
+                error_type,
+            ])
             .inc();
     }
 
