@@ -858,6 +858,49 @@ mod tests {
         assert_eq!(http.kv_engine_id().as_deref(), Some("pinned"));
     }
 
+    /// The lazily created data-plane channel reaches the servicer (URL host as `:authority`,
+    /// resolved address dialled), and the DP ranks of one engine share it.
+    #[tokio::test]
+    async fn the_data_plane_channel_reaches_the_servicer_and_is_shared_by_dp_ranks() {
+        use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
+        use pdgate_proto::sglang::{
+            sglang_scheduler_client::SglangSchedulerClient, HealthCheckRequest,
+        };
+        let engine = MockEngine::spawn(MockEngineConfig::grpc_test(
+            EngineKind::Sglang,
+            Role::Decode,
+            [127, 0, 28, 1],
+        ))
+        .await
+        .unwrap();
+        let url = engine.grpc_url().unwrap();
+        let spec = WorkerSpec::new(url.as_str(), WorkerType::Decode);
+        let address = WorkerAddress::parse(&url).unwrap();
+        let defaults = WorkerDefaults::from_config(&crate::config::GatewayConfig::default());
+        let socket = format!("127.0.28.1:{}", engine.port()).parse().unwrap();
+        let w = Worker::new(
+            "id".into(),
+            spec.clone(),
+            address,
+            socket,
+            &defaults,
+            Origin::Api,
+        );
+        let mut client = SglangSchedulerClient::new(w.grpc_channel());
+        let reply = client.health_check(HealthCheckRequest {}).await.unwrap();
+        assert!(reply.into_inner().healthy);
+
+        let rank_url = format!("{url}@1");
+        let rank = Worker::rank_of(
+            &w,
+            WorkerSpec::new(rank_url.as_str(), WorkerType::Decode),
+            WorkerAddress::parse(&rank_url).unwrap(),
+            &defaults,
+        );
+        assert!(Arc::ptr_eq(&w.channel, &rank.channel));
+        assert!(w.channel.get().is_some() && rank.channel.get().is_some());
+    }
+
     #[test]
     fn a_grpc_address_is_a_grpc_transport_with_the_url_host_for_bootstrap() {
         let a = WorkerAddress::parse("grpc://10.0.0.5:50051@1").unwrap();

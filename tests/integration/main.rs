@@ -4,6 +4,7 @@
 mod chaos;
 mod cli;
 mod engine_wire;
+mod grpc_workers;
 mod harness;
 mod hostile;
 mod lifecycle;
