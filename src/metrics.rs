@@ -7,9 +7,9 @@
 use std::sync::LazyLock;
 
 use pingora_prometheus::prometheus::{
-    self, register_histogram_vec, register_int_counter, register_int_counter_vec,
-    register_int_gauge, register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec,
+    self, register_gauge_vec, register_histogram_vec, register_int_counter,
+    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, GaugeVec, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
 /// Buckets for every `*_duration_seconds` and `*_ttft_seconds` histogram: from a millisecond
@@ -61,6 +61,10 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     pub handoffs_open: IntGauge,
     pub handoffs_abnormal: IntCounter,
+    pub engine_pd_kv_transfer_latency_ms: GaugeVec,
+    pub engine_pd_kv_transfer_speed_gb_s: GaugeVec,
+    pub engine_pd_prefill_queue_reqs: GaugeVec,
+    pub engine_pd_decode_queue_reqs: GaugeVec,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -79,6 +83,13 @@ fn counter(name: &str, help: &str) -> IntCounter {
 fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     register_int_gauge_vec!(name, help, labels).expect("metric names are unique and valid")
 }
+
+fn float_gauge_vec(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    register_gauge_vec!(name, help, labels).expect("metric names are unique and valid")
+}
+
+/// Labels of the engine-reported PD gauges (gRPC load reports with disaggregation statistics).
+const ENGINE_PD_LABELS: &[&str] = &["worker", "role", "dp_rank"];
 
 const PD_LABELS: &[&str] = &["backend_type", "model", "runtime"];
 const ROUTER_LABELS: &[&str] = &[
@@ -271,6 +282,26 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "smg_http_responses_total",
         "Responses by path, status and gateway error code",
         &["path", "status_code", "error_code"],
+    ),
+    engine_pd_kv_transfer_latency_ms: float_gauge_vec(
+        "smg_engine_pd_kv_transfer_latency_ms",
+        "Engine-reported PD KV transfer latency (ms); -1 once the worker left Ready",
+        ENGINE_PD_LABELS,
+    ),
+    engine_pd_kv_transfer_speed_gb_s: float_gauge_vec(
+        "smg_engine_pd_kv_transfer_speed_gb_s",
+        "Engine-reported PD KV transfer speed (GB/s); -1 once the worker left Ready",
+        ENGINE_PD_LABELS,
+    ),
+    engine_pd_prefill_queue_reqs: float_gauge_vec(
+        "smg_engine_pd_prefill_queue_reqs",
+        "Engine-reported PD prefill queue depth (bootstrap + in flight); -1 once the worker left Ready",
+        ENGINE_PD_LABELS,
+    ),
+    engine_pd_decode_queue_reqs: float_gauge_vec(
+        "smg_engine_pd_decode_queue_reqs",
+        "Engine-reported PD decode queue depth (pre-allocation + transfer + retracted); -1 once the worker left Ready",
+        ENGINE_PD_LABELS,
     ),
 }
 });

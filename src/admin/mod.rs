@@ -62,13 +62,24 @@ pub async fn health_generate(gw: &Gateway) -> Reply {
         Err(e) => return Reply::error(ErrorCode::NoHealthyWorkerPair, e.message()),
     };
     let timeout = gw.settings().health_generate_timeout;
-    let (p, d) = tokio::join!(
-        worker_get(&gw.client, &pair.prefill, "/health_generate", timeout),
-        worker_get(&gw.client, &pair.decode, "/health_generate", timeout),
-    );
+    let (p, d) = if pair.prefill.is_grpc() {
+        // The servicers' HealthCheck runs the engine's own tiny generation (SGLang with a fake
+        // bootstrap host on disaggregated workers).
+        let channels = crate::workers::grpc::ControlChannels::new();
+        tokio::join!(
+            channels.probe(&pair.prefill, timeout),
+            channels.probe(&pair.decode, timeout),
+        )
+    } else {
+        let (p, d) = tokio::join!(
+            worker_get(&gw.client, &pair.prefill, "/health_generate", timeout),
+            worker_get(&gw.client, &pair.decode, "/health_generate", timeout),
+        );
+        (matches!(p, Some((true, _))), matches!(d, Some((true, _))))
+    };
     let failed: Vec<String> = [("prefill", &pair.prefill, p), ("decode", &pair.decode, d)]
         .into_iter()
-        .filter(|(_, _, r)| !matches!(r, Some((true, _))))
+        .filter(|(_, _, ok)| !ok)
         .map(|(leg, w, _)| format!("{leg} {}", w.url()))
         .collect();
     if failed.is_empty() {

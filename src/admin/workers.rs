@@ -91,7 +91,8 @@ async fn read_spec(gw: &Gateway, session: &mut Session) -> Result<WorkerSpec, Re
     Ok(spec)
 }
 
-/// What pdgate accepts as a worker: a valid spec for an `http(s)://` prefill or decode leg.
+/// What pdgate accepts as a worker: a valid spec for an `http(s)://` or `grpc://` prefill or
+/// decode leg.
 fn check_spec(spec: &WorkerSpec) -> Result<(), Reply> {
     spec.validate()
         .map_err(|e| admin_error(ErrorCode::BadRequest, &e.to_string()))?;
@@ -284,6 +285,8 @@ async fn swap_in(gw: &Gateway, current: &Arc<Worker>, spec: WorkerSpec) -> Reply
 }
 
 /// One worker as `GET /workers` shows it (optional keys omitted when empty; never the api_key).
+/// Facts are the merged view: a gRPC worker's reported facts appear as labels (the registered
+/// labels winning) and in the `kv_*` / `dp_size` keys.
 pub fn worker_json(w: &Worker) -> Value {
     let spec = &w.spec;
     let mut m = Map::new();
@@ -304,26 +307,32 @@ pub fn worker_json(w: &Worker) -> Value {
         );
     }
     m.insert("worker_type".into(), json!(spec.worker_type.as_str()));
-    m.insert("connection_mode".into(), json!("http"));
+    m.insert(
+        "connection_mode".into(),
+        json!(w.connection_mode().as_str()),
+    );
     m.insert("runtime_type".into(), json!(w.runtime().as_str()));
-    if !spec.labels.is_empty() {
-        m.insert("labels".into(), json!(spec.labels));
+    if !w.labels().is_empty() {
+        m.insert("labels".into(), json!(w.labels()));
     }
     m.insert("priority".into(), json!(spec.priority));
     m.insert("cost".into(), json!(spec.cost));
     if let Some(p) = spec.bootstrap_port {
         m.insert("bootstrap_port".into(), json!(p));
     }
-    if let Some(c) = &spec.kv_connector {
+    if let Some(c) = w.kv_connector() {
         m.insert("kv_connector".into(), json!(c));
     }
-    if let Some(e) = &spec.kv_engine_id {
+    if let Some(r) = w.kv_role() {
+        m.insert("kv_role".into(), json!(r));
+    }
+    if let Some(e) = w.kv_engine_id() {
         m.insert("kv_engine_id".into(), json!(e));
     }
     if let Some(r) = w.address.dp_rank.or(spec.dp_rank) {
         m.insert("dp_rank".into(), json!(r));
     }
-    if let Some(s) = spec.dp_size {
+    if let Some(s) = w.dp_size() {
         m.insert("dp_size".into(), json!(s));
     }
     m.insert(

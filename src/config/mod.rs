@@ -46,7 +46,7 @@ pub use views::{
 pub use worker::{
     label, parse_worker_url, ConnectionMode, HealthOverrides, HttpPoolOverrides, ModelCard,
     OverloadOverrides, ResilienceOverrides, RuntimeType, UrlScheme, WorkerSpec, WorkerType,
-    WorkerUrl, GRPC_WORKERS_SUPPORTED,
+    WorkerUrl, GRPCS_WORKERS_SUPPORTED,
 };
 
 /// Where a configuration came from.

@@ -965,7 +965,12 @@ fn bad_worker_urls_are_refused() {
             "ipc:///tmp/engine.sock",
             "ipc:// (ZMQ) worker cannot be a prefill worker",
         ),
-        ("grpc://p0:50051", "gRPC workers are not supported"),
+        (
+            "grpcs://p0:50051",
+            "grpcs:// (TLS) workers are not supported",
+        ),
+        ("grpc://p0", "needs the servicer's port"),
+        ("grpc://p0:50051/v1", "has no path"),
     ];
     for (url, expected) in cases {
         let err = yaml_error(&format!(
@@ -976,6 +981,29 @@ fn bad_worker_urls_are_refused() {
             "{url} → {err}"
         );
     }
+}
+
+#[test]
+fn grpc_workers_are_accepted_from_yaml_and_launch() {
+    let g = yaml(
+        "  workers:\n    - {url: 'grpc://p0:50051', worker_type: prefill, bootstrap_port: 9000}\n    - {url: 'grpc://d0:50052/', worker_type: decode}",
+    )
+    .expect("grpc:// workers are valid")
+    .gateway;
+    assert_eq!(g.workers[0].bootstrap_port, Some(9000));
+    let g = launch(&[
+        "--pd-disaggregation",
+        "--prefill",
+        "grpc://p0:50051",
+        "9000",
+        "--decode",
+        "grpc://d0:50052",
+    ])
+    .expect("grpc:// workers on the command line")
+    .gateway;
+    assert_eq!(g.workers[0].url, "grpc://p0:50051");
+    assert_eq!(g.workers[0].bootstrap_port, Some(9000));
+    assert_eq!(g.workers[1].url, "grpc://d0:50052");
 }
 
 #[test]

@@ -64,15 +64,37 @@ impl RuntimeType {
             RuntimeType::External => "external",
         }
     }
+
+    /// Whether the engine has a PD protocol (a KV handoff the gateway knows how to run):
+    /// SGLang, vLLM and TokenSpeed. A gRPC PD request that lands on any other runtime
+    /// (TensorRT-LLM, MLX, an unknown servicer) fails 400 `runtime_pd_not_supported`.
+    pub fn has_pd_protocol(self) -> bool {
+        matches!(
+            self,
+            RuntimeType::Sglang | RuntimeType::Vllm | RuntimeType::Tokenspeed
+        )
+    }
 }
 
-/// `connection_mode` of a spec. Accepted for compatibility; the URL scheme decides in practice.
+/// `connection_mode` of a spec. Accepted for compatibility; the URL scheme decides in practice
+/// (a live worker's mode is `WorkerAddress::connection_mode`, from its URL).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ConnectionMode {
     Http,
     Grpc,
     Zmq,
+}
+
+impl ConnectionMode {
+    /// The value of SMG's `connection_mode` field and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionMode::Http => "http",
+            ConnectionMode::Grpc => "grpc",
+            ConnectionMode::Zmq => "zmq",
+        }
+    }
 }
 
 /// The scheme of a worker URL; it selects the transport.
@@ -213,9 +235,10 @@ pub fn parse_worker_url(url: &str) -> Result<WorkerUrl, String> {
     })
 }
 
-/// Whether this build can route to `grpc(s)://` workers. The gRPC pipeline is not built yet;
-/// until it is, such workers are refused at intake rather than registered and never used.
-pub const GRPC_WORKERS_SUPPORTED: bool = true;
+/// Whether this build can reach `grpcs://` (TLS) workers. tonic is built without a TLS stack
+/// (`proto/Cargo.toml`: no `tls-*` feature), so such workers are refused at intake rather than
+/// registered and never reachable; `grpc://` (plaintext HTTP/2) workers are accepted.
+pub const GRPCS_WORKERS_SUPPORTED: bool = false;
 
 /// The label keys that mean something to pdgate (http-pd-spec §3.1, spec "MoRI-IO").
 pub mod label {
@@ -227,7 +250,17 @@ pub mod label {
     pub const KV_ENGINE_ID: &str = "kv_engine_id";
     pub const DP_SIZE: &str = "dp_size";
     pub const TP_SIZE: &str = "tp_size";
+    /// SGLang's running window (server args; gRPC `GetLoads` per rank).
     pub const MAX_RUNNING_REQUESTS: &str = "max_running_requests";
+    /// TokenSpeed's and vLLM's running window.
+    pub const MAX_NUM_SEQS: &str = "max_num_seqs";
+    /// gRPC `GetModelInfo.max_context_length`.
+    pub const MAX_CONTEXT_LENGTH: &str = "max_context_length";
+    /// SGLang / TokenSpeed server args.
+    pub const CONTEXT_LENGTH: &str = "context_length";
+    pub const TOKENIZER_PATH: &str = "tokenizer_path";
+    /// vLLM's name for the page size.
+    pub const BLOCK_SIZE: &str = "block_size";
     pub const MODEL_ID: &str = "model_id";
     pub const SERVED_MODEL_NAME: &str = "served_model_name";
     pub const MODEL_PATH: &str = "model_path";
@@ -617,14 +650,17 @@ impl WorkerSpec {
                 ),
             ));
         }
-        if url.scheme.is_grpc() && !GRPC_WORKERS_SUPPORTED {
+        if url.scheme == UrlScheme::Grpcs && !GRPCS_WORKERS_SUPPORTED {
             return Err(ConfigError::unsupported(
                 "url",
                 format!(
-                    "'{}': gRPC workers are not supported by this build of pdgate yet; register the engine's HTTP endpoint (http://…)",
+                    "'{}': grpcs:// (TLS) workers are not supported: this build of pdgate has no TLS client for gRPC; use grpc:// (plaintext) or terminate TLS next to the engine",
                     self.url
                 ),
             ));
+        }
+        if url.scheme.is_grpc() {
+            check_grpc_target(&self.url, &url)?;
         }
         if self.bootstrap_port == Some(0) {
             return Err(ConfigError::invalid_at(
@@ -732,6 +768,30 @@ impl WorkerSpec {
         }
         Ok(())
     }
+}
+
+/// A gRPC worker URL names a servicer: `grpc://host:port`. The servicers have no conventional
+/// port, and a gRPC method path is absolute, so a URL without a port or with a path is a
+/// mistake, not a default.
+fn check_grpc_target(text: &str, url: &WorkerUrl) -> Result<(), ConfigError> {
+    if url.port.is_none() {
+        return Err(ConfigError::invalid_at(
+            "url",
+            format!("'{text}': a gRPC worker URL needs the servicer's port (grpc://host:port)"),
+        ));
+    }
+    let after_scheme = text.split_once("://").map_or(text, |(_, rest)| rest);
+    let path = after_scheme
+        .split_once('/')
+        .map_or("", |(_, p)| p)
+        .trim_end_matches('/');
+    if !path.is_empty() {
+        return Err(ConfigError::invalid_at(
+            "url",
+            format!("'{text}': a gRPC worker URL has no path (grpc://host:port)"),
+        ));
+    }
+    Ok(())
 }
 
 fn check_at_least_one(location: &str, value: Option<u64>) -> Result<(), ConfigError> {

@@ -35,9 +35,9 @@ use crate::workers::Worker;
 /// The request header vLLM takes its request id from (and the connector its peer markers).
 const X_REQUEST_ID: &str = "x-request-id";
 
-/// Whether a worker speaks MoRI-IO (its registered connector).
+/// Whether a worker speaks MoRI-IO (its connector: registered, or reported by a gRPC engine).
 pub fn is_moriio(w: &Worker) -> bool {
-    Connector::from_name(w.spec.kv_connector.as_deref()) == Connector::MoriIo
+    Connector::from_name(w.kv_connector()) == Connector::MoriIo
 }
 
 pub async fn attempt(
@@ -390,16 +390,16 @@ fn preflight(ctx: &RequestCtx, req: &PdRequest, pair: &Pair) -> Result<MoriPlan,
 
 /// The pair check over the workers' registered facts; `Err` is the reason for the log.
 fn check_pair(pair: &Pair) -> Result<MoriPlan, String> {
-    let prefill_labels = |k: &str| pair.prefill.spec.labels.get(k).map(String::as_str);
-    let decode_labels = |k: &str| pair.decode.spec.labels.get(k).map(String::as_str);
+    let prefill_labels = |k: &str| pair.prefill.label(k);
+    let decode_labels = |k: &str| pair.decode.label(k);
     let prefill = MoriWorker {
-        connector: Connector::from_name(pair.prefill.spec.kv_connector.as_deref()),
+        connector: Connector::from_name(pair.prefill.kv_connector()),
         dp_size: dp_size("prefill", &pair.prefill)?,
         url_host: &pair.prefill.address.host,
         label: &prefill_labels,
     };
     let decode = MoriWorker {
-        connector: Connector::from_name(pair.decode.spec.kv_connector.as_deref()),
+        connector: Connector::from_name(pair.decode.kv_connector()),
         dp_size: dp_size("decode", &pair.decode)?,
         url_host: &pair.decode.address.host,
         label: &decode_labels,
@@ -410,7 +410,7 @@ fn check_pair(pair: &Pair) -> Result<MoriPlan, String> {
 /// The worker's DP size: its own `dp_size`, else its `dp_size` label (which must then be a
 /// positive integer: an unreadable one fails closed), else 1.
 fn dp_size(role: &str, w: &Worker) -> Result<u32, String> {
-    match (w.spec.dp_size, w.spec.labels.get(label::DP_SIZE)) {
+    match (w.spec.dp_size, w.label(label::DP_SIZE)) {
         (Some(n), _) => Ok(n),
         (None, Some(text)) => text
             .trim()

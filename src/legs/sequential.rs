@@ -34,18 +34,14 @@ use crate::workers::Worker;
 /// the id is unknown or empty, the DP size does not parse as a positive integer (fail closed),
 /// or DP > 1 without a rank.
 pub fn mooncake_engine_id(worker: &Worker) -> Option<String> {
-    let base = worker
-        .spec
-        .kv_engine_id
-        .as_deref()
-        .filter(|id| !id.is_empty())?;
-    let dp_size = match (worker.spec.dp_size, worker.spec.labels.get(label::DP_SIZE)) {
+    let base = worker.kv_engine_id().filter(|id| !id.is_empty())?;
+    let dp_size = match (worker.spec.dp_size, worker.label(label::DP_SIZE)) {
         (Some(n), _) => n,
         (None, Some(text)) => text.trim().parse::<u32>().ok().filter(|n| *n > 0)?,
         (None, None) => 1,
     };
     if dp_size <= 1 {
-        return Some(base.to_string());
+        return Some(base);
     }
     let rank = worker.spec.dp_rank.or(worker.address.dp_rank)?;
     Some(format!("{base}_dp{rank}"))
@@ -111,7 +107,7 @@ pub async fn attempt(
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
     let s = gw.settings();
-    let connector = Connector::from_name(pair.prefill.spec.kv_connector.as_deref());
+    let connector = Connector::from_name(pair.prefill.kv_connector());
     ctx.connector = Some(connector.mode_label());
     METRICS
         .pd_kv_connector_mode

@@ -1,6 +1,12 @@
-//! Active health checks: each worker's `GET {base}{endpoint}` on its own schedule, driving the
-//! status state machine. Runs as a Pingora background service (its own runtime and connection
-//! pool), so probes never compete with the data plane's reactor.
+//! Active health checks: each worker's `GET {base}{endpoint}` (gRPC workers: the servicer's
+//! `HealthCheck`, see `workers::grpc`) on its own schedule, driving the status state machine.
+//! Runs as a Pingora background service (its own runtime, connection pool and gRPC channels),
+//! so probes never compete with the data plane's reactor.
+//!
+//! Registration happens here too: the first successful probe asks the engine what it is
+//! (`intake::discover` over HTTP; over gRPC the runtime detection and `GetModelInfo` /
+//! `GetServerInfo`, which must succeed before the worker turns ready). A gRPC vLLM prefill that
+//! recovers from `not_ready` / `failed` has its KV engine id read again before it turns ready.
 //!
 //! State machine (SMG's, with thresholds F = failure, S = success):
 //! `pending → ready` on the first success (the registration probe), `pending → failed` when
@@ -19,9 +25,10 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use super::grpc::ControlChannels;
 use super::intake;
 use super::worker::{Status, Worker};
-use crate::config::{defaults, HealthSettings, RuntimeType};
+use crate::config::{defaults, HealthSettings, RuntimeType, WorkerType};
 use crate::gateway::{Gateway, Settings};
 use crate::legs::client::LegClient;
 use crate::metrics::METRICS;
@@ -105,20 +112,109 @@ impl HealthChecker {
         st.next_due = Some(now + wait);
     }
 
-    async fn probe(client: &LegClient, w: &Worker, s: &HealthSettings) -> bool {
+    async fn probe(
+        client: &LegClient,
+        control: &ControlChannels,
+        w: &Worker,
+        s: &HealthSettings,
+    ) -> bool {
+        if w.is_grpc() {
+            return control.probe(w, s.timeout).await;
+        }
         matches!(
             intake::worker_get(client, w, &s.endpoint, s.timeout).await,
             Some((true, _))
         )
     }
+
+    /// Asks the engine what it is. Over HTTP whatever it answers is kept (SMG); over gRPC the
+    /// facts must be read whole, so a failure (`false`) leaves the worker to be asked again.
+    async fn discover(
+        &self,
+        client: &LegClient,
+        control: &ControlChannels,
+        w: &Worker,
+        timeout: Duration,
+    ) -> bool {
+        let found = if w.is_grpc() {
+            match control.discover(w, timeout).await {
+                Ok(found) => found,
+                Err(why) => {
+                    log::warn!(
+                        "worker {}: reading its facts failed ({why}); retrying",
+                        w.url()
+                    );
+                    return false;
+                }
+            }
+        } else {
+            intake::discover(client, w, timeout).await
+        };
+        log::info!(
+            "worker {} is {} serving {:?}",
+            w.url(),
+            found.runtime.as_str(),
+            found.models
+        );
+        if w.is_grpc() && !found.runtime.has_pd_protocol() {
+            log::warn!(
+                "worker {} is a {} gRPC servicer, which has no PD protocol: PD requests routed to it fail with runtime_pd_not_supported",
+                w.url(),
+                found.runtime.as_str()
+            );
+        }
+        w.set_discovered(found);
+        // The runtime and the reported facts feed the pairing descriptor: recompute who pairs
+        // with whom.
+        self.gw.registry.refresh(None);
+        true
+    }
+
+    /// A restarted vLLM without a pinned engine id comes back with a new one (spec: "SMG
+    /// re-reads its engine id before routing to it again"): a gRPC vLLM prefill probed healthy
+    /// while `not_ready` / `failed` has its id read again first. `false` when the servicer does
+    /// not answer (the probe then counts as failed). Only the engine id is re-read: the other
+    /// facts describe the deployment, which a restart of the same worker does not change.
+    async fn reread_engine_id(control: &ControlChannels, w: &Worker, timeout: Duration) -> bool {
+        let recovering = matches!(w.status(), Status::NotReady | Status::Failed);
+        if !(recovering
+            && w.is_grpc()
+            && w.role() == WorkerType::Prefill
+            && w.runtime() == RuntimeType::Vllm)
+        {
+            return true;
+        }
+        match control.engine_id(w, timeout).await {
+            Ok(id) => {
+                let before = w.kv_engine_id();
+                w.set_engine_id(id);
+                let now = w.kv_engine_id();
+                if now != before {
+                    log::info!(
+                        "worker {} recovered with KV engine id {:?} (was {:?})",
+                        w.url(),
+                        now,
+                        before
+                    );
+                }
+                true
+            }
+            Err(why) => {
+                log::warn!("worker {}: re-reading its engine id failed: {why}", w.url());
+                false
+            }
+        }
+    }
 }
 
 impl HealthChecker {
     /// `--dp-aware`: asks an SGLang worker its DP size and, above one, replaces it by one
-    /// logical worker per rank (`url@rank`).
+    /// logical worker per rank (`url@rank`). A gRPC worker's DP size is the one it reported at
+    /// registration (SGLang `dp_size`, vLLM `data_parallel_size`, TokenSpeed's either).
     async fn split_by_rank(&self, client: &LegClient, w: &Arc<Worker>, settings: &Settings) {
         let size = match w.spec.dp_size {
             Some(n) => Some(n),
+            None if w.is_grpc() => w.dp_size(),
             None => intake::discover_dp_size(client, w, settings.health.timeout).await,
         };
         let Some(size) = size.filter(|n| *n > 1) else {
@@ -173,6 +269,8 @@ fn settings_for(global: &HealthSettings, w: &Worker) -> HealthSettings {
 impl BackgroundService for HealthChecker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let client = LegClient::new(64, Some(Duration::from_secs(30)));
+        // This service's own gRPC channels (its runtime; see `workers::grpc`).
+        let control = ControlChannels::new();
         let mut states: HashMap<String, ProbeState> = HashMap::new();
         let tick = Duration::from_millis(200);
         loop {
@@ -181,7 +279,9 @@ impl BackgroundService for HealthChecker {
             let global = &settings.health;
             let snap = self.gw.registry.snapshot();
             states.retain(|id, _| snap.by_id(id).is_some());
-            let due: Vec<(Arc<Worker>, HealthSettings)> = snap
+            control.retain(&snap);
+            // (worker, its settings, whether the probe drives its status)
+            let due: Vec<(Arc<Worker>, HealthSettings, bool)> = snap
                 .all
                 .iter()
                 .filter(|w| w.status() != Status::Draining)
@@ -192,42 +292,56 @@ impl BackgroundService for HealthChecker {
                         if w.status() == Status::Pending {
                             w.set_status(Status::Ready);
                         }
-                        return None;
+                        // A gRPC worker still has to be asked what it is (its runtime and
+                        // facts exist nowhere else): probed for that alone, until it answers.
+                        if !(w.is_grpc() && w.needs_discovery()) {
+                            return None;
+                        }
                     }
                     let st = states.entry(w.id.clone()).or_default();
                     st.registered_at.get_or_insert(now);
                     st.next_due
                         .is_none_or(|t| t <= now)
-                        .then(|| (w.clone(), settings))
+                        .then(|| (w.clone(), settings.clone(), settings.enabled))
                 })
                 .collect();
             if !due.is_empty() {
-                let client = &client;
-                let results =
-                    futures::future::join_all(due.iter().map(|(w, s)| Self::probe(client, w, s)))
-                        .await;
-                for ((w, _), ok) in due.iter().zip(results) {
+                let (client, control) = (&client, &control);
+                let results = futures::future::join_all(
+                    due.iter()
+                        .map(|(w, s, _)| Self::probe(client, control, w, s)),
+                )
+                .await;
+                for ((w, s, checked), mut ok) in due.iter().zip(results) {
                     // Registration asks the engine what it is before it takes traffic.
                     if ok && w.needs_discovery() {
-                        let found = intake::discover(client, w, global.timeout).await;
-                        log::info!(
-                            "worker {} is {} serving {:?}",
-                            w.url(),
-                            found.runtime.as_str(),
-                            found.models
-                        );
-                        w.set_discovered(found);
-                        // The runtime feeds the pairing descriptor: recompute who pairs with whom.
-                        self.gw.registry.refresh(None);
+                        ok = self.discover(client, control, w, global.timeout).await;
+                    }
+                    if ok {
+                        ok = Self::reread_engine_id(control, w, s.timeout).await;
                     }
                     if let Some(st) = states.get_mut(&w.id) {
-                        self.apply(global, w, st, ok, Instant::now());
+                        if *checked {
+                            self.apply(global, w, st, ok, Instant::now());
+                        } else {
+                            // Discovery only: retried with the startup backoff until it answers.
+                            st.consecutive_failures =
+                                if ok { 0 } else { st.consecutive_failures + 1 };
+                            st.next_due = Some(
+                                Instant::now()
+                                    + startup_retry_after(
+                                        st.consecutive_failures,
+                                        s.startup_check_interval,
+                                    ),
+                            );
+                        }
                     }
-                    if ok
-                        && settings.dp_aware
-                        && w.address.dp_rank.is_none()
-                        && w.runtime() == RuntimeType::Sglang
-                    {
+                    let splits = if w.is_grpc() {
+                        w.runtime().has_pd_protocol()
+                    } else {
+                        w.runtime() == RuntimeType::Sglang
+                    };
+                    if ok && settings.dp_aware && w.address.dp_rank.is_none() && splits {
                         self.split_by_rank(client, w, &settings).await;
                     }
                 }

@@ -111,7 +111,8 @@ pub async fn worker_get(
 }
 
 /// `--dp-aware`: one logical worker per data-parallel rank, `url@rank`, each carrying its rank
-/// and the DP size; legs still go to the base URL. Children start in the parent's state.
+/// and the DP size; legs still go to the base URL. Children start in the parent's state (and a
+/// gRPC engine's ranks share its data-plane channel).
 pub fn expand_dp(parent: &Worker, dp_size: u32, defaults: &WorkerDefaults) -> Vec<Arc<Worker>> {
     (0..dp_size)
         .filter_map(|rank| {
@@ -120,16 +121,7 @@ pub fn expand_dp(parent: &Worker, dp_size: u32, defaults: &WorkerDefaults) -> Ve
             spec.dp_rank = Some(rank);
             spec.dp_size = Some(dp_size);
             let address = WorkerAddress::parse(&spec.url).ok()?;
-            let child = Worker::new(
-                uuid::Uuid::new_v4().to_string(),
-                spec,
-                address,
-                parent.socket,
-                defaults,
-                parent.origin,
-            );
-            child.inherit_state(parent);
-            Some(child)
+            Some(Worker::rank_of(parent, spec, address, defaults))
         })
         .collect()
 }

@@ -1,7 +1,9 @@
 //! The load monitor: polls each worker's own load report every `load_monitor_interval`
-//! (SGLang `GET /v1/loads`, vLLM `GET /metrics`), keeps the latest report on the worker for the
-//! load-aware policies, and flags a worker overloaded at or above the configured thresholds
-//! (waiting requests summed over DP ranks, mean KV usage). Runs as a Pingora background service.
+//! (HTTP: SGLang `GET /v1/loads`, vLLM `GET /metrics`; gRPC: the servicer's `GetLoads` with
+//! SMG's sections), keeps the latest report on the worker for the load-aware policies, and flags
+//! a worker overloaded at or above the configured thresholds (waiting requests summed over DP
+//! ranks, mean KV usage). A gRPC report with disaggregation statistics also feeds the
+//! `smg_engine_pd_*` gauges. Runs as a Pingora background service.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +13,9 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use serde_json::Value;
 
+use std::collections::HashMap;
+
+use super::grpc::ControlChannels;
 use super::intake;
 use super::worker::{Status, Worker};
 use crate::config::{OverloadOverrides, OverloadSettings, RuntimeType};
@@ -100,13 +105,130 @@ pub fn parse_vllm_metrics(text: &str) -> Option<EngineLoad> {
     })
 }
 
+/// One DP rank of a gRPC `GetLoads` answer, whatever the engine.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RankLoad {
+    pub dp_rank: i32,
+    pub waiting: u64,
+    pub running: u64,
+    /// KV usage, 0..1 (TokenSpeed: its non-evictable share when it reports one).
+    pub token_usage: f64,
+    pub waiting_uncached_tokens: u64,
+    pub gen_throughput: f64,
+    /// The `disagg` section (SGLang), when the rank reported one.
+    pub disagg: Option<DisaggLoad>,
+}
+
+/// A rank's disaggregation statistics, as the `smg_engine_pd_*` gauges show them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DisaggLoad {
+    /// The engine-reported role: `prefill`, `decode` or `null`.
+    pub mode: String,
+    /// Requests waiting for a decode to bootstrap plus those transferring (prefill side).
+    pub prefill_queue: u64,
+    /// Requests pre-allocating, transferring or retracted (decode side).
+    pub decode_queue: u64,
+    pub kv_transfer_speed_gb_s: f64,
+    pub kv_transfer_latency_ms: f64,
+}
+
+/// A gRPC load report as the policies and overload protection read it: the same shape as the
+/// HTTP SGLang parser's (waiting and running requests summed over the DP ranks, KV usage
+/// averaged); vLLM reports one rank. `None` for an empty report (a TokenSpeed encode worker).
+pub fn engine_load_from_ranks(rows: &[RankLoad]) -> Option<EngineLoad> {
+    if rows.is_empty() {
+        return None;
+    }
+    let uncached: u64 = rows.iter().map(|r| r.waiting_uncached_tokens).sum();
+    let throughput: f64 = rows.iter().map(|r| r.gen_throughput).sum();
+    Some(EngineLoad {
+        waiting_requests: rows.iter().map(|r| r.waiting).sum(),
+        running_requests: rows.iter().map(|r| r.running).sum(),
+        token_usage: rows.iter().map(|r| r.token_usage).sum::<f64>() / rows.len() as f64,
+        waiting_uncached_tokens: (uncached > 0).then_some(uncached),
+        gen_throughput: (throughput > 0.0).then_some(throughput),
+    })
+}
+
+/// The `smg_engine_pd_*` series a worker published last round, by its URL: (role, dp_rank).
+type PublishedPd = HashMap<String, Vec<(String, String)>>;
+
+/// Sets the `smg_engine_pd_*` gauges of one worker's report (a DP rank's logical worker shows
+/// only its own rank) and records the series it wrote.
+fn publish_pd_gauges(w: &Worker, rows: &[RankLoad], published: &mut PublishedPd) {
+    let mut series = Vec::new();
+    for row in rows {
+        if w.address
+            .dp_rank
+            .is_some_and(|r| i64::from(r) != i64::from(row.dp_rank))
+        {
+            continue;
+        }
+        let Some(d) = &row.disagg else { continue };
+        let role = if d.mode.is_empty() {
+            "null"
+        } else {
+            d.mode.as_str()
+        };
+        let rank = row.dp_rank.to_string();
+        let labels = [w.url(), role, rank.as_str()];
+        let m = &METRICS;
+        m.engine_pd_kv_transfer_latency_ms
+            .with_label_values(&labels)
+            .set(d.kv_transfer_latency_ms);
+        m.engine_pd_kv_transfer_speed_gb_s
+            .with_label_values(&labels)
+            .set(d.kv_transfer_speed_gb_s);
+        m.engine_pd_prefill_queue_reqs
+            .with_label_values(&labels)
+            .set(d.prefill_queue as f64);
+        m.engine_pd_decode_queue_reqs
+            .with_label_values(&labels)
+            .set(d.decode_queue as f64);
+        series.push((role.to_string(), rank));
+    }
+    let before = published.insert(w.url().to_string(), series);
+    let now = &published[w.url()];
+    for stale in before.into_iter().flatten().filter(|s| !now.contains(s)) {
+        retire_pd_series(w.url(), &stale);
+    }
+}
+
+/// SMG's convention for a worker that left Ready or was removed: its gauges read -1.
+fn retire_pd_series(url: &str, (role, rank): &(String, String)) {
+    let labels = [url, role.as_str(), rank.as_str()];
+    let m = &METRICS;
+    for g in [
+        &m.engine_pd_kv_transfer_latency_ms,
+        &m.engine_pd_kv_transfer_speed_gb_s,
+        &m.engine_pd_prefill_queue_reqs,
+        &m.engine_pd_decode_queue_reqs,
+    ] {
+        g.with_label_values(&labels).set(-1.0);
+    }
+}
+
 /// Polls load reports. Reads the gateway's settings every round (reload applies at once).
 pub struct LoadMonitor {
     pub gw: Arc<Gateway>,
 }
 
 impl LoadMonitor {
-    async fn poll(client: &LegClient, w: &Worker, timeout: Duration) -> Option<EngineLoad> {
+    async fn poll(
+        client: &LegClient,
+        control: &ControlChannels,
+        w: &Worker,
+        timeout: Duration,
+    ) -> (Option<EngineLoad>, Option<Vec<RankLoad>>) {
+        if w.is_grpc() {
+            let rows = control.loads(w, timeout).await;
+            let load = rows.as_deref().and_then(engine_load_from_ranks);
+            return (load, rows);
+        }
+        (Self::poll_http(client, w, timeout).await, None)
+    }
+
+    async fn poll_http(client: &LegClient, w: &Worker, timeout: Duration) -> Option<EngineLoad> {
         let path = match w.runtime() {
             RuntimeType::Vllm => "/metrics",
             _ => "/v1/loads?include=core,disagg,queues,memory",
@@ -126,22 +248,40 @@ impl LoadMonitor {
 impl BackgroundService for LoadMonitor {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let client = LegClient::new(64, Some(Duration::from_secs(30)));
+        // This service's own gRPC channels (its runtime; see `workers::grpc`).
+        let control = ControlChannels::new();
+        let mut published = PublishedPd::new();
         loop {
             let settings = self.gw.settings();
             let overload = &settings.overload;
             let timeout = settings.health.timeout;
             let snap = self.gw.registry.snapshot();
+            control.retain(&snap);
             let polled: Vec<&Arc<Worker>> = snap
                 .all
                 .iter()
                 .filter(|w| w.status() == Status::Ready)
                 .collect();
-            let client = &client;
-            let reports =
-                futures::future::join_all(polled.iter().map(|w| Self::poll(client, w, timeout)))
-                    .await;
+            let (client, control_ref) = (&client, &control);
+            let reports = futures::future::join_all(
+                polled
+                    .iter()
+                    .map(|w| Self::poll(client, control_ref, w, timeout)),
+            )
+            .await;
+            // Workers that left Ready or the registry: their PD gauges read -1.
+            published.retain(|url, series| {
+                let live = polled.iter().any(|w| w.url() == url);
+                if !live {
+                    series.iter().for_each(|s| retire_pd_series(url, s));
+                }
+                live
+            });
             let mut overloaded = 0;
-            for (w, report) in polled.iter().zip(reports) {
+            for (w, (report, rows)) in polled.iter().zip(reports) {
+                if let Some(rows) = &rows {
+                    publish_pd_gauges(w, rows, &mut published);
+                }
                 let t = thresholds(overload, w.spec.overload.as_ref());
                 let over = report.as_ref().is_some_and(|r| is_overloaded(r, t));
                 if over != w.is_overloaded() {
@@ -190,6 +330,33 @@ mod tests {
         assert_eq!((l.waiting_requests, l.running_requests), (4, 2));
         assert!((l.token_usage - 0.25).abs() < 1e-9);
         assert!(parse_vllm_metrics("other 1\n").is_none());
+    }
+
+    #[test]
+    fn grpc_ranks_sum_like_the_http_report_and_an_empty_report_is_none() {
+        let rows = [
+            RankLoad {
+                dp_rank: 0,
+                waiting: 2,
+                running: 3,
+                token_usage: 0.5,
+                waiting_uncached_tokens: 100,
+                ..Default::default()
+            },
+            RankLoad {
+                dp_rank: 1,
+                waiting: 1,
+                running: 1,
+                token_usage: 0.1,
+                ..Default::default()
+            },
+        ];
+        let l = engine_load_from_ranks(&rows).unwrap();
+        assert_eq!((l.waiting_requests, l.running_requests), (3, 4));
+        assert!((l.token_usage - 0.3).abs() < 1e-9);
+        assert_eq!(l.waiting_uncached_tokens, Some(100));
+        assert_eq!(l.gen_throughput, None);
+        assert!(engine_load_from_ranks(&[]).is_none());
     }
 
     #[test]

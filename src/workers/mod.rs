@@ -2,6 +2,8 @@
 //! and pair selection.
 
 pub mod breaker;
+pub mod facts;
+pub mod grpc;
 pub mod health;
 pub mod intake;
 pub mod load;

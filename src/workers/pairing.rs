@@ -2,6 +2,11 @@
 //! version, explicit protocol) and the compatibility rule of `--pd-pairing-mode`, as the spec
 //! defines them ("Prefill/Decode Pairing"). Compatibility is worked out when the fleet changes
 //! (the registry snapshot keeps, per prefill, the decodes it may pair with), never per request.
+//!
+//! Above the mode sits the connection: an HTTP leg and a gRPC leg never pair, in any mode (one
+//! request runs one pipeline: the HTTP legs forward the client's JSON, the gRPC legs carry
+//! tokens), and under `off` two gRPC legs still share one runtime (spec: "gRPC still keeps both
+//! legs on one runtime").
 
 use std::fmt::Write as _;
 
@@ -23,6 +28,8 @@ const LAYOUT: [(&str, &str, &str); 4] = [
 /// What a worker reports about its KV transfer protocol; `None` = unknown.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Descriptor {
+    /// Reached over gRPC (`grpc://`) rather than HTTP.
+    pub grpc: bool,
     pub runtime: Option<&'static str>,
     pub transport: Option<String>,
     pub layout: [Option<String>; 4],
@@ -33,7 +40,7 @@ pub struct Descriptor {
 
 impl Descriptor {
     pub fn of(w: &Worker) -> Descriptor {
-        let labels = &w.spec.labels;
+        let labels = w.labels();
         let get = |k: &str| {
             labels
                 .get(k)
@@ -58,14 +65,16 @@ impl Descriptor {
         }
         // vLLM calls the page size its block size.
         if layout[1].is_none() {
-            layout[1] = get("block_size").or_else(|| w.spec.kv_block_size.map(|b| b.to_string()));
+            layout[1] =
+                get(label::BLOCK_SIZE).or_else(|| w.spec.kv_block_size.map(|b| b.to_string()));
         }
         Descriptor {
+            grpc: w.is_grpc(),
             runtime: runtime.map(RuntimeType::as_str),
             transport,
             layout,
             version: get(label::VERSION),
-            protocol: w.spec.pairing_protocol().map(str::to_string),
+            protocol: w.pairing_protocol().map(str::to_string),
         }
     }
 
@@ -93,11 +102,11 @@ impl Descriptor {
 /// A vLLM worker's transport: its connector reduced to `nixl`, `mooncake`, `moriio` (with the
 /// mode: `moriio-read` / `moriio-write`), any other name lower-cased; none registered: unknown.
 fn vllm_transport(w: &Worker) -> Option<String> {
-    let name = w.spec.kv_connector.as_deref()?;
+    let name = w.kv_connector()?;
     Some(match Connector::from_name(Some(name)) {
         Connector::Nixl => "nixl".into(),
         Connector::Mooncake => "mooncake".into(),
-        Connector::MoriIo => match w.spec.labels.get(moriio::LABEL_MODE).map(|m| m.trim()) {
+        Connector::MoriIo => match w.label(moriio::LABEL_MODE).map(str::trim) {
             Some(m) if m.eq_ignore_ascii_case("read") => "moriio-read".into(),
             Some(m) if m.eq_ignore_ascii_case("write") => "moriio-write".into(),
             _ => "moriio".into(),
@@ -112,13 +121,20 @@ pub type Mismatch = Vec<&'static str>;
 
 /// Whether a prefill may hand its KV to a decode under `mode`.
 pub fn compatible(mode: PairingMode, p: &Descriptor, d: &Descriptor) -> Result<(), Mismatch> {
+    let differs =
+        |a: &Option<&str>, b: &Option<&str>| matches!((a, b), (Some(x), Some(y)) if x != y);
+    if p.grpc != d.grpc {
+        return Err(vec!["connection_mode"]);
+    }
     if mode == PairingMode::Off {
-        return Ok(());
+        return if p.grpc && differs(&p.runtime, &d.runtime) {
+            Err(vec!["runtime"])
+        } else {
+            Ok(())
+        };
     }
     let strict = mode == PairingMode::Strict;
     let mut diff = Mismatch::new();
-    let differs =
-        |a: &Option<&str>, b: &Option<&str>| matches!((a, b), (Some(x), Some(y)) if x != y);
     if differs(&p.runtime, &d.runtime) || (strict && (p.runtime.is_none() || d.runtime.is_none())) {
         diff.push("runtime");
     }
@@ -244,6 +260,50 @@ mod tests {
         assert!(compatible(PairingMode::Strict, &p, &d)
             .unwrap_err()
             .contains(&"pairing_protocol"));
+    }
+
+    #[test]
+    fn an_http_leg_never_pairs_with_a_grpc_leg_in_any_mode() {
+        let http = desc("sglang", "mooncake", Some("fp8"));
+        let grpc = Descriptor {
+            grpc: true,
+            ..http.clone()
+        };
+        for mode in [PairingMode::Off, PairingMode::Lenient, PairingMode::Strict] {
+            assert_eq!(
+                compatible(mode, &grpc, &http),
+                Err(vec!["connection_mode"]),
+                "{mode:?}"
+            );
+            assert_eq!(
+                compatible(mode, &http, &grpc),
+                Err(vec!["connection_mode"]),
+                "{mode:?}"
+            );
+            assert_eq!(compatible(mode, &grpc, &grpc), Ok(()), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn off_still_keeps_two_grpc_legs_on_one_runtime() {
+        let p = Descriptor {
+            grpc: true,
+            ..desc("sglang", "mooncake", None)
+        };
+        let d = Descriptor {
+            grpc: true,
+            ..desc("tokenspeed", "mooncake", None)
+        };
+        assert_eq!(compatible(PairingMode::Off, &p, &d), Err(vec!["runtime"]));
+        let (hp, hd) = (
+            desc("sglang", "mooncake", None),
+            desc("tokenspeed", "mooncake", None),
+        );
+        assert_eq!(
+            compatible(PairingMode::Off, &hp, &hd),
+            Ok(()),
+            "HTTP as before"
+        );
     }
 
     #[test]

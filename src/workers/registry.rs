@@ -77,12 +77,13 @@ impl Snapshot {
     }
 }
 
-/// `smg_worker_pool_size`: registered workers per leg and model (every combination seen so far
-/// is rewritten, so one that emptied reads 0).
+/// `smg_worker_pool_size`: registered workers per leg, connection mode and model (every
+/// combination seen so far is rewritten, so one that emptied reads 0).
 fn publish_pool_sizes(all: &[Arc<Worker>]) {
     use std::collections::BTreeMap;
     use std::sync::Mutex as StdMutex;
-    static SEEN: StdMutex<BTreeMap<(String, String), i64>> = StdMutex::new(BTreeMap::new());
+    type Key = (String, &'static str, String);
+    static SEEN: StdMutex<BTreeMap<Key, i64>> = StdMutex::new(BTreeMap::new());
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     for v in seen.values_mut() {
         *v = 0;
@@ -94,13 +95,17 @@ fn publish_pool_sizes(all: &[Arc<Worker>]) {
             .cloned()
             .unwrap_or_else(|| crate::metrics::UNKNOWN_MODEL.into());
         *seen
-            .entry((w.role().as_str().to_string(), model))
+            .entry((
+                w.role().as_str().to_string(),
+                w.connection_mode().as_str(),
+                model,
+            ))
             .or_insert(0) += 1;
     }
-    for ((role, model), n) in seen.iter() {
+    for ((role, mode, model), n) in seen.iter() {
         METRICS
             .worker_pool_size
-            .with_label_values(&[role, "http", model])
+            .with_label_values(&[role.as_str(), mode, model.as_str()])
             .set(*n);
     }
 }

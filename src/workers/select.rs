@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::config::GatewayConfig;
-use crate::metrics::{HTTP, METRICS};
+use crate::metrics::METRICS;
 use crate::policy::{self, Candidate, EngineLoad, Policy, PolicyLeg, PolicyParams, RoutingInput};
 use pdgate_filters::errors::ErrorCode;
 
@@ -169,13 +169,15 @@ pub fn select_pair(
     ))?;
     let decode = decodes[chosen].clone();
 
+    // Pairing keeps both legs on one transport, so the prefill's mode is the pair's.
+    let mode = prefill.connection_mode().as_str();
     METRICS
         .worker_selection
-        .with_label_values(&["prefill", HTTP, model_label, policies.prefill.name()])
+        .with_label_values(&["prefill", mode, model_label, policies.prefill.name()])
         .inc();
     METRICS
         .worker_selection
-        .with_label_values(&["decode", HTTP, model_label, policies.decode.name()])
+        .with_label_values(&["decode", mode, model_label, policies.decode.name()])
         .inc();
     Ok(Pair { prefill, decode })
 }

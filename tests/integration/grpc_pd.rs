@@ -34,9 +34,7 @@ async fn grpc_engine(engine: EngineKind, role: Role, ip: [u8; 4]) -> MockEngine 
 }
 
 fn spec(e: &MockEngine) -> Value {
-    let mut s = e.worker_spec();
-    s["health"] = json!({"disable_health_check": true});
-    s
+    e.worker_spec()
 }
 
 async fn gateway(p: &MockEngine, d: &MockEngine) -> Gateway {
@@ -434,19 +432,21 @@ async fn vllm_mooncake_mints_the_decode_params_from_the_prefill_engine_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_mooncake_without_an_engine_id_sends_the_legacy_bootstrap_fields() {
-    let (p, d) = vllm_pair(
-        mock_engine::Connector::Mooncake,
-        ([127, 0, 31, 5], [127, 0, 31, 6]),
-    )
-    .await;
-    let mut ps = spec(&p);
-    ps.as_object_mut().unwrap().remove("kv_engine_id");
-    if let Some(l) = ps["labels"].as_object_mut() {
-        l.remove("kv_engine_id");
-    }
-    let extra = format!("  model_path: {}\n", model_dir().display());
-    let mut gw = Gateway::start(&[ps, spec(&d)], &extra).await;
-    gw.wait_ready().await;
+    // Engines that report no KV engine id (an older servicer).
+    let cfg = |role, ip| {
+        let mut c = MockEngineConfig::grpc_test(EngineKind::Vllm, role, ip)
+            .with_vocab(vocab())
+            .with_connector(mock_engine::Connector::Mooncake);
+        c.engine_id = Some(String::new());
+        c
+    };
+    let p = MockEngine::spawn(cfg(Role::Prefill, [127, 0, 31, 5]))
+        .await
+        .unwrap();
+    let d = MockEngine::spawn(cfg(Role::Decode, [127, 0, 31, 6]))
+        .await
+        .unwrap();
+    let gw = gateway(&p, &d).await;
     let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let rec = d.records().last().cloned().unwrap().grpc.unwrap();

@@ -5,6 +5,7 @@ mod chaos;
 mod cli;
 mod engine_wire;
 mod grpc_pd;
+mod grpc_workers;
 mod harness;
 mod hostile;
 mod lifecycle;

@@ -65,8 +65,7 @@ pub async fn attempt(
             "gRPC PD keeps both legs on one runtime; the selected pair mixes two",
         ));
     }
-    let moriio =
-        |w: &Worker| Connector::from_name(w.kv_connector().as_deref()) == Connector::MoriIo;
+    let moriio = |w: &Worker| Connector::from_name(w.kv_connector()) == Connector::MoriIo;
     if moriio(&pair.prefill) || moriio(&pair.decode) {
         return Attempt::Refused(Reply::error(
             ErrorCode::MoriioGrpcPdUnsupported,

@@ -51,7 +51,7 @@ pub async fn attempt(
 ) -> Attempt {
     let (gw, pair) = (legs.gw, legs.pair);
     let s = gw.settings();
-    let connector = Connector::from_name(pair.prefill.kv_connector().as_deref());
+    let connector = Connector::from_name(pair.prefill.kv_connector());
     ctx.connector = Some(connector.mode_label());
     METRICS
         .pd_kv_connector_mode
