@@ -397,7 +397,19 @@ fn grpc_demo(
     pdgate_tokenize::fixture::write_model_dir(model)
         .map_err(|e| format!("writing the demo model to {}: {e}", model.display()))?;
     let port = |p: u16| p.to_string();
-    let vocab = format!("256..{}", 256 + pdgate_tokenize::fixture::MERGES);
+    let tokenizer = pdgate_tokenize::Tokenizer::from_dir(model)
+        .map_err(|e| format!("loading the demo tokenizer: {e}"))?;
+    // The engines emit whole ASCII word pieces of the model's vocabulary, so the text reads.
+    let vocab = (256..256 + pdgate_tokenize::fixture::MERGES as u32)
+        .filter(|&id| {
+            tokenizer.decode(&[id], true).is_ok_and(|t| {
+                let w = t.trim_start();
+                w.len() >= 2 && w.bytes().all(|b| b.is_ascii_lowercase())
+            })
+        })
+        .map(|id| id.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let eos = pdgate_tokenize::fixture::IM_END_ID.to_string();
     let common = [
         "--transport",
@@ -475,8 +487,6 @@ fn grpc_demo(
         GRPC_GATEWAY.0, GRPC_GATEWAY.1
     );
     println!("  tokenizer and chat template: {GRPC_MODEL_DIR} (a small generated BPE model)\n");
-    let tokenizer = pdgate_tokenize::Tokenizer::from_dir(model)
-        .map_err(|e| format!("loading the demo tokenizer: {e}"))?;
     let mut ok = true;
     for (i, stream) in [false, true].into_iter().enumerate() {
         let messages = json!([{"role": "user", "content": "Why split prefill from decode?"}]);
