@@ -266,6 +266,7 @@ const EVERY_KEY: &str = "
   pd_admission_wait_secs: 7
   model_path: org/model
   tokenizer_path: /tok
+  chat_template: /t.jinja
   host: 127.0.0.2
   port: 31000
   health_check_port: 31005
