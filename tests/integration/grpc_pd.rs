@@ -603,3 +603,225 @@ async fn a_client_leaving_during_the_prefill_aborts_the_prefill_at_once() {
     );
     assert!(p.wait_idle(Duration::from_secs(5)).await, "{:?}", p.rooms());
 }
+
+/// The generated text of a response of `route` (JSON, or SSE when `stream`).
+fn response_text(route: &str, stream: bool, body: &str) -> String {
+    let pick = |v: &Value| -> Option<String> {
+        match route {
+            "/v1/chat/completions" => v["choices"][0][if stream { "delta" } else { "message" }]
+                ["content"]
+                .as_str()
+                .map(str::to_string),
+            "/v1/completions" => v["choices"][0]["text"].as_str().map(str::to_string),
+            "/generate" => v["text"].as_str().map(str::to_string),
+            "/v1/messages" => {
+                if stream {
+                    v["delta"]["text"].as_str().map(str::to_string)
+                } else {
+                    v["content"][0]["text"].as_str().map(str::to_string)
+                }
+            }
+            _ => None,
+        }
+    };
+    if !stream {
+        return serde_json::from_str::<Value>(body)
+            .ok()
+            .and_then(|v| pick(&v))
+            .unwrap_or_default();
+    }
+    let mut text = String::new();
+    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if let Ok(v) = serde_json::from_str::<Value>(data) {
+            if let Some(t) = pick(&v) {
+                if route == "/generate" {
+                    text = t; // SGLang streams cumulative text
+                } else {
+                    text.push_str(&t);
+                }
+            }
+        }
+    }
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_engine_every_route_streamed_or_not_equals_a_single_worker() {
+    let messages = json!([{"role": "user", "content": "Tell me about the sea."}]);
+    let prompt = "The sea is";
+    for (i, engine) in [EngineKind::Sglang, EngineKind::Vllm, EngineKind::TokenSpeed]
+        .into_iter()
+        .enumerate()
+    {
+        let ip = |n: u8| [127, 0, 32, (i as u8) * 2 + n];
+        let p = grpc_engine(engine, Role::Prefill, ip(1)).await;
+        let d = grpc_engine(engine, Role::Decode, ip(2)).await;
+        let gw = gateway(&p, &d).await;
+        let spec = mock_engine::fake_model::SamplingSpec {
+            max_new_tokens: 6,
+            ..d.sampling_spec()
+        };
+        let from_prompt = decode_ids(&d.reference(&prompt_ids(prompt), &spec, None).token_ids);
+        let from_chat = reference_text(&d, &messages, 6);
+        let cases = [
+            (
+                "/v1/chat/completions",
+                json!({"model": "mock-model", "messages": messages, "max_tokens": 6}),
+                &from_chat,
+            ),
+            (
+                "/v1/completions",
+                json!({"model": "mock-model", "prompt": prompt, "max_tokens": 6}),
+                &from_prompt,
+            ),
+            (
+                "/generate",
+                json!({"text": prompt, "sampling_params": {"max_new_tokens": 6}}),
+                &from_prompt,
+            ),
+            (
+                "/v1/messages",
+                json!({"model": "mock-model", "messages": messages, "max_tokens": 6}),
+                &from_chat,
+            ),
+        ];
+        for (route, body, want) in &cases {
+            for stream in [false, true] {
+                let mut body = body.clone();
+                body["stream"] = json!(stream);
+                let r = gw.post(route, &body).await;
+                assert_eq!(
+                    r.status,
+                    200,
+                    "{engine:?} {route} stream={stream}: {}",
+                    r.text()
+                );
+                assert_eq!(
+                    &response_text(route, stream, &r.text()),
+                    *want,
+                    "{engine:?} {route} stream={stream}: {}",
+                    r.text()
+                );
+            }
+        }
+        for e in [&p, &d] {
+            assert!(
+                e.wait_idle(Duration::from_secs(5)).await,
+                "{engine:?}: {:?}",
+                e.rooms()
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_chat_ends_with_a_usage_chunk_when_asked() {
+    let p = grpc_engine(EngineKind::TokenSpeed, Role::Prefill, [127, 0, 32, 21]).await;
+    let d = grpc_engine(EngineKind::TokenSpeed, Role::Decode, [127, 0, 32, 22]).await;
+    let gw = gateway(&p, &d).await;
+    let mut body = chat(5, true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = gw.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let events: Vec<Value> = r
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let usage = events.last().expect("events")["usage"].clone();
+    assert_eq!(usage["completion_tokens"], 5, "{usage}");
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["prompt_tokens"].as_u64().unwrap() + 5)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_back_with_the_token_texts() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 32, 23]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 32, 24]).await;
+    let gw = gateway(&p, &d).await;
+    let mut body = chat(4, false);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let r = gw.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no logprobs: {v}"))
+        .clone();
+    assert_eq!(content.len(), 4, "{v}");
+    let text: String = content
+        .iter()
+        .map(|c| c["token"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        text,
+        v["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    assert!(content
+        .iter()
+        .all(|c| c["logprob"].as_f64().unwrap() <= 0.0));
+    assert!(content
+        .iter()
+        .all(|c| c["top_logprobs"].as_array().unwrap().len() == 2));
+    let rec = d.records()[0].grpc.clone().unwrap();
+    assert!(rec.return_logprob);
+    assert_eq!(rec.top_logprobs_num, 2);
+}
+
+/// TokenSpeed places a request by `bootstrap_room % dp_size`: under `--dp-aware` every room the
+/// gateway mints lands on the prefill rank it routed to (and the legs carry their ranks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenspeed_rooms_land_on_the_routed_prefill_rank() {
+    let spawn = |role, ip: [u8; 4], dp| {
+        let mut c =
+            MockEngineConfig::grpc_test(EngineKind::TokenSpeed, role, ip).with_vocab(vocab());
+        c.dp_size = dp;
+        MockEngine::spawn(c)
+    };
+    let p = spawn(Role::Prefill, [127, 0, 32, 31], 4).await.unwrap();
+    let d = spawn(Role::Decode, [127, 0, 32, 32], 2).await.unwrap();
+    let extra = format!(
+        "  model_path: {}\n  dp_aware: true\n",
+        model_dir().display()
+    );
+    let gw = Gateway::start(&[spec(&p), spec(&d)], &extra).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = gw.get("/workers").await.json();
+        let ready = v["workers"]
+            .as_array()
+            .is_some_and(|l| l.len() == 6 && l.iter().all(|w| w["status"] == "ready"));
+        if ready {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the 6 DP-rank workers never became ready: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    for _ in 0..12 {
+        let r = gw.post("/v1/chat/completions", &chat(2, false)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    for rec in p.records() {
+        let g = rec.grpc.unwrap();
+        let room = g.bootstrap.as_ref().expect("a room").room;
+        let rank = g
+            .data_parallel_rank
+            .expect("the prefill leg carries its rank");
+        assert!(room >= 0, "a 63-bit room: {room}");
+        assert_eq!(room % 4, i64::from(rank), "room {room} on rank {rank}");
+    }
+    let ranks: std::collections::BTreeSet<_> = p
+        .records()
+        .iter()
+        .filter_map(|r| r.grpc.as_ref().and_then(|g| g.data_parallel_rank))
+        .collect();
+    assert!(ranks.len() > 1, "round robin spreads over ranks: {ranks:?}");
+}
