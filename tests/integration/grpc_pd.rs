@@ -825,3 +825,26 @@ async fn tokenspeed_rooms_land_on_the_routed_prefill_rank() {
         .collect();
     assert!(ranks.len() > 1, "round robin spreads over ranks: {ranks:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moriio_over_grpc_is_refused_with_501() {
+    let (p, d) = vllm_pair(
+        mock_engine::Connector::Nixl,
+        ([127, 0, 32, 41], [127, 0, 32, 42]),
+    )
+    .await;
+    let mori = |e: &MockEngine| {
+        let mut s = spec(e);
+        s["kv_connector"] = json!("MoRIIOConnector");
+        s["labels"]["kv_connector"] = json!("MoRIIOConnector");
+        s["labels"]["moriio_mode"] = json!("read");
+        s
+    };
+    let extra = format!("  model_path: {}\n", model_dir().display());
+    let mut gw = Gateway::start(&[mori(&p), mori(&d)], &extra).await;
+    gw.wait_ready().await;
+    let r = gw.post("/v1/chat/completions", &chat(2, false)).await;
+    assert_eq!(r.status, 501, "{}", r.text());
+    assert_eq!(error_code(&r), "moriio_grpc_pd_unsupported");
+    assert!(p.records().is_empty() && d.records().is_empty());
+}

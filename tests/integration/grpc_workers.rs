@@ -521,6 +521,28 @@ async fn grpc_servicers_without_a_pd_protocol_register_with_their_runtime() {
     );
 }
 
+/// A PD request that lands on a pair without a PD protocol (two MLX servicers) is refused
+/// with 400 `runtime_pd_not_supported` before any leg is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pd_request_on_a_runtime_without_a_pd_protocol_is_refused() {
+    let p = stand_in::serve([127, 0, 26, 3], stand_in::Kind::Mlx).await;
+    let d = stand_in::serve([127, 0, 26, 4], stand_in::Kind::Mlx).await;
+    let gw = Gateway::start(&[], "").await;
+    let (p_url, d_url) = (format!("grpc://{p}"), format!("grpc://{d}"));
+    register(&gw, &by_url(&p_url, "prefill")).await;
+    register(&gw, &by_url(&d_url, "decode")).await;
+    wait_ready(&gw, &p_url).await;
+    wait_ready(&gw, &d_url).await;
+    let r = gw
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "runtime_pd_not_supported");
+}
+
 /// Stand-in gRPC servers for runtimes the mock engine does not model: one serving only
 /// TokenSpeed's encoder service (no scheduler service at all), and one serving MLX's
 /// `HealthCheck`, whose proto is not vendored (so the service is written by hand).
