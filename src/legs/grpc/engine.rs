@@ -230,90 +230,44 @@ macro_rules! logprobs_of {
     };
 }
 
-fn sglang_msg(r: sglang::generate_response::Response) -> Message {
-    use sglang::generate_complete::MatchedStop;
-    use sglang::generate_response::Response;
-    match r {
-        Response::Chunk(c) => Message::Chunk(Chunk {
-            index: c.index,
-            token_ids: c.token_ids,
-            prompt_tokens: c.prompt_tokens,
-            completion_tokens: c.completion_tokens,
-            cached_tokens: c.cached_tokens,
-            logprobs: logprobs_of!(c.output_logprobs),
-        }),
-        Response::Complete(c) => Message::Complete(Complete {
-            index: c.index,
-            output_ids: c.output_ids,
-            finish_reason: c.finish_reason,
-            matched: c.matched_stop.map(|m| match m {
-                MatchedStop::MatchedTokenId(t) => EngineStop::TokenId(t),
-                MatchedStop::MatchedStopStr(s) => EngineStop::Text(s),
-            }),
-            prompt_tokens: c.prompt_tokens,
-            completion_tokens: c.completion_tokens,
-            cached_tokens: c.cached_tokens,
-            logprobs: logprobs_of!(c.output_logprobs),
-            kv_transfer_params_json: None,
-        }),
-    }
+/// One engine's response message → [`Message`]. The engines' types differ only in module and
+/// in where vLLM's handoff lives, so one body serves all three.
+macro_rules! engine_msg {
+    ($name:ident, $m:ident, |$c:ident| $kv:expr) => {
+        fn $name(r: $m::generate_response::Response) -> Message {
+            use $m::generate_complete::MatchedStop;
+            use $m::generate_response::Response;
+            match r {
+                Response::Chunk(c) => Message::Chunk(Chunk {
+                    index: c.index,
+                    token_ids: c.token_ids,
+                    prompt_tokens: c.prompt_tokens,
+                    completion_tokens: c.completion_tokens,
+                    cached_tokens: c.cached_tokens,
+                    logprobs: logprobs_of!(c.output_logprobs),
+                }),
+                Response::Complete($c) => Message::Complete(Complete {
+                    index: $c.index,
+                    kv_transfer_params_json: $kv,
+                    output_ids: $c.output_ids,
+                    finish_reason: $c.finish_reason,
+                    matched: $c.matched_stop.map(|m| match m {
+                        MatchedStop::MatchedTokenId(t) => EngineStop::TokenId(t),
+                        MatchedStop::MatchedStopStr(s) => EngineStop::Text(s),
+                    }),
+                    prompt_tokens: $c.prompt_tokens,
+                    completion_tokens: $c.completion_tokens,
+                    cached_tokens: $c.cached_tokens,
+                    logprobs: logprobs_of!($c.output_logprobs),
+                }),
+            }
+        }
+    };
 }
 
-fn vllm_msg(r: vllm::generate_response::Response) -> Message {
-    use vllm::generate_complete::MatchedStop;
-    use vllm::generate_response::Response;
-    match r {
-        Response::Chunk(c) => Message::Chunk(Chunk {
-            index: c.index,
-            token_ids: c.token_ids,
-            prompt_tokens: c.prompt_tokens,
-            completion_tokens: c.completion_tokens,
-            cached_tokens: c.cached_tokens,
-            logprobs: logprobs_of!(c.output_logprobs),
-        }),
-        Response::Complete(c) => Message::Complete(Complete {
-            index: c.index,
-            output_ids: c.output_ids,
-            finish_reason: c.finish_reason,
-            matched: c.matched_stop.map(|m| match m {
-                MatchedStop::MatchedTokenId(t) => EngineStop::TokenId(t),
-                MatchedStop::MatchedStopStr(s) => EngineStop::Text(s),
-            }),
-            prompt_tokens: c.prompt_tokens,
-            completion_tokens: c.completion_tokens,
-            cached_tokens: c.cached_tokens,
-            logprobs: logprobs_of!(c.output_logprobs),
-            // An empty string counts as absent (digest §1.4).
-            kv_transfer_params_json: c.kv_transfer_params_json.filter(|j| !j.trim().is_empty()),
-        }),
-    }
-}
-
-fn tokenspeed_msg(r: tokenspeed::generate_response::Response) -> Message {
-    use tokenspeed::generate_complete::MatchedStop;
-    use tokenspeed::generate_response::Response;
-    match r {
-        Response::Chunk(c) => Message::Chunk(Chunk {
-            index: c.index,
-            token_ids: c.token_ids,
-            prompt_tokens: c.prompt_tokens,
-            completion_tokens: c.completion_tokens,
-            cached_tokens: c.cached_tokens,
-            logprobs: logprobs_of!(c.output_logprobs),
-        }),
-        Response::Complete(c) => Message::Complete(Complete {
-            index: c.index,
-            output_ids: c.output_ids,
-            finish_reason: c.finish_reason,
-            matched: c.matched_stop.map(|m| match m {
-                MatchedStop::MatchedTokenId(t) => EngineStop::TokenId(t),
-                MatchedStop::MatchedStopStr(s) => EngineStop::Text(s),
-            }),
-            prompt_tokens: c.prompt_tokens,
-            completion_tokens: c.completion_tokens,
-            cached_tokens: c.cached_tokens,
-            logprobs: logprobs_of!(c.output_logprobs),
-            kv_transfer_params_json: None,
-        }),
-    }
-}
+engine_msg!(sglang_msg, sglang, |c| None);
+engine_msg!(tokenspeed_msg, tokenspeed, |c| None);
+// vLLM returns the prefill's handoff; an empty string counts as absent (digest §1.4).
+engine_msg!(vllm_msg, vllm, |c| c
+    .kv_transfer_params_json
+    .filter(|j| !j.trim().is_empty()));

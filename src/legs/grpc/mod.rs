@@ -155,6 +155,28 @@ impl Legs<'_> {
     }
 }
 
+/// Relays an open decode leg to the client with the attempt's plan (both dispatch modes).
+pub async fn relay_open_decode(
+    legs: &Legs<'_>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    p: &Prepared,
+    decode: &mut GrpcLeg,
+    dispatched: Instant,
+) -> Attempt {
+    let s = legs.gw.settings();
+    let plan = relay::RelayPlan {
+        prepared: p,
+        streaming: p.gen.stream,
+        dispatched,
+        decode_url: legs.pair.decode.url(),
+        stall_timeout: s.stream_idle_timeout,
+        deadline: ctx.started + s.request_timeout,
+        labels: legs.labels(),
+    };
+    relay::relay(session, ctx, decode, plan).await
+}
+
 /// A fresh room: SGLang's is an int32 (uniform in [0, 2^31-1)), TokenSpeed's 63 bits. Under
 /// DP the room lands on the prefill's rank (`room % size == rank`), as TokenSpeed places by it.
 pub fn mint_room(engine: Engine, dp: Option<(u32, u32)>) -> u64 {

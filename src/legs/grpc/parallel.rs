@@ -19,8 +19,9 @@ use super::build::{self, Bootstrap, LegSpec};
 use super::engine::{Engine, Message};
 use super::leg::GrpcLeg;
 use super::prepare::Prepared;
-use super::relay::{self, RelayPlan};
-use super::{leg_failed_to_start, mint_room, spawn_prefill_drain, stream_failed, Legs};
+use super::{
+    leg_failed_to_start, mint_room, relay_open_decode, spawn_prefill_drain, stream_failed, Legs,
+};
 use crate::config::defaults;
 use crate::ledger::{Handoff, Kind};
 use crate::legs::dispatch::Attempt;
@@ -158,16 +159,7 @@ pub async fn attempt(
         );
     }
     drop(prefill_in_flight);
-    let plan = RelayPlan {
-        prepared: p,
-        streaming: p.gen.stream,
-        dispatched,
-        decode_url: pair.decode.url(),
-        stall_timeout: s.stream_idle_timeout,
-        deadline: ctx.started + s.request_timeout,
-        labels: legs.labels(),
-    };
-    let end = relay::relay(session, ctx, &mut decode, plan).await;
+    let end = relay_open_decode(legs, session, ctx, p, &mut decode, dispatched).await;
     drop(decode_in_flight);
     end
 }

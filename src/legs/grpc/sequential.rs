@@ -17,8 +17,7 @@ use super::build::{self, LegSpec, VllmHandoff};
 use super::engine::{Engine, Message};
 use super::leg::GrpcLeg;
 use super::prepare::Prepared;
-use super::relay::{self, RelayPlan};
-use super::{leg_failed_to_start, stream_failed, Legs};
+use super::{leg_failed_to_start, relay_open_decode, stream_failed, Legs};
 use crate::config::defaults;
 use crate::ledger::{Handoff, Kind};
 use crate::legs::dispatch::Attempt;
@@ -237,16 +236,7 @@ pub async fn attempt(
         pair.decode.record_leg(Some(reply.status));
         return Attempt::Refused(reply);
     }
-    let plan = RelayPlan {
-        prepared: p,
-        streaming: p.gen.stream,
-        dispatched,
-        decode_url: pair.decode.url(),
-        stall_timeout: s.stream_idle_timeout,
-        deadline: ctx.started + s.request_timeout,
-        labels: legs.labels(),
-    };
-    let end = relay::relay(session, ctx, &mut decode, plan).await;
+    let end = relay_open_decode(legs, session, ctx, p, &mut decode, dispatched).await;
     drop(decode_in_flight);
     drop(handoff);
     end
