@@ -621,6 +621,17 @@ fn response_text(route: &str, stream: bool, body: &str) -> String {
                     v["content"][0]["text"].as_str().map(str::to_string)
                 }
             }
+            "/v1/responses" => {
+                if stream {
+                    (v["type"] == "response.output_text.delta")
+                        .then(|| v["delta"].as_str().map(str::to_string))
+                        .flatten()
+                } else {
+                    v["output"][0]["content"][0]["text"]
+                        .as_str()
+                        .map(str::to_string)
+                }
+            }
             _ => None,
         }
     };
@@ -682,6 +693,11 @@ async fn every_engine_every_route_streamed_or_not_equals_a_single_worker() {
             (
                 "/v1/messages",
                 json!({"model": "mock-model", "messages": messages, "max_tokens": 6}),
+                &from_chat,
+            ),
+            (
+                "/v1/responses",
+                json!({"model": "mock-model", "input": messages, "max_output_tokens": 6, "store": false}),
                 &from_chat,
             ),
         ];
