@@ -37,6 +37,8 @@ pub struct Settings {
     pub health_generate_timeout: Duration,
     /// `Retry-After` of an overload shed, seconds (the load monitor's interval).
     pub overload_retry_after_secs: u64,
+    /// How long a PD dispatch waits for a free decode slot before it is shed (0: at once).
+    pub pd_admission_wait: Duration,
     /// What new workers start from (breaker, connect deadline, health checks).
     pub worker_defaults: WorkerDefaults,
     pub dp_aware: bool,
@@ -78,6 +80,7 @@ impl Settings {
             retry: cfg.retry(),
             worker_defaults: WorkerDefaults::from_config(cfg),
             overload_retry_after_secs: cfg.overload().retry_after_secs,
+            pd_admission_wait: Duration::from_secs(cfg.pd_admission_wait_secs),
             health_generate_timeout: cfg.health().timeout.max(Duration::from_secs(5)),
             dp_aware: cfg.dp_aware,
             separate_admin: cfg.admin_addr().is_some(),

@@ -1,6 +1,7 @@
 //! Workers: what is registered (registry), each worker's facts and live state, health checks,
 //! and pair selection.
 
+pub mod admission;
 pub mod breaker;
 pub mod facts;
 pub mod grpc;

@@ -267,6 +267,9 @@ pub struct Worker {
     /// The data plane's gRPC channel, created on first use (see [`Worker::grpc_channel`]);
     /// shared by the DP-rank workers of one engine.
     channel: Arc<OnceLock<Channel>>,
+    /// The decode admission window, sized by the running window the engine reported when it is
+    /// first used (see `workers::admission`).
+    admission: OnceLock<super::admission::Window>,
     status: AtomicU8,
     in_flight: AtomicUsize,
     /// Fed by the legs sent to this worker.
@@ -352,6 +355,7 @@ impl Worker {
             peer,
             connect_timeout: defaults.connect_timeout,
             channel: Arc::default(),
+            admission: OnceLock::new(),
             status: AtomicU8::new(initial as u8),
             in_flight: AtomicUsize::new(0),
             breaker,
@@ -584,6 +588,16 @@ impl Worker {
     /// and vLLM's `max_num_seqs`; `None` when unreported.
     pub fn running_window(&self) -> Option<u32> {
         self.numeric_fact(&[label::MAX_RUNNING_REQUESTS, label::MAX_NUM_SEQS])
+    }
+
+    /// The admission window of this worker as a decode: `None` when it reports no running
+    /// window (not gated). Sized once, by the window known at first use.
+    pub fn admission_window(&self) -> Option<&super::admission::Window> {
+        let size = self.running_window()?;
+        Some(
+            self.admission
+                .get_or_init(|| super::admission::Window::new(size)),
+        )
     }
 
     /// The engine's data-parallel size: the spec's `dp_size` field, else the `dp_size` label

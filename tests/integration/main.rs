@@ -1,6 +1,7 @@
 //! Integration tests: the real `pdgate` binary against mock engines on loopback. One test binary
 //! (shared build and link), one module per capability.
 
+mod admission;
 mod chaos;
 mod cli;
 mod engine_wire;

@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 use tonic::Status;
 
 use super::engine::{self, Engine, GenerateRequest, Message, ResponseStream};
+use crate::workers::admission::Slots;
 use crate::workers::Worker;
 
 /// The longest a dropped decode that produced nothing is waited on before its abort.
@@ -54,6 +55,9 @@ pub struct GrpcLeg {
     yielded: bool,
     /// The engine accepted the call (its headers came).
     opened: bool,
+    /// Decode admission slots this leg holds until it ends (released with the leg, or by its
+    /// abort task once the engine let go of it).
+    slots: Option<Slots>,
 }
 
 impl GrpcLeg {
@@ -76,7 +80,14 @@ impl GrpcLeg {
             defer_abort,
             yielded: false,
             opened: false,
+            slots: None,
         }
+    }
+
+    /// Holds `slots` (the decode's admission slots) for as long as the leg lives.
+    pub fn holding(mut self, slots: Option<Slots>) -> GrpcLeg {
+        self.slots = slots;
+        self
     }
 
     pub fn request_id(&self) -> &str {
@@ -151,7 +162,10 @@ impl Drop for GrpcLeg {
         );
         let deferred = self.defer_abort && !self.yielded;
         let url = self.worker.url().to_string();
+        // The engine holds the slot until it lets go of the request: release it then.
+        let slots = self.slots.take();
         rt.spawn(async move {
+            let _slots = slots;
             if deferred {
                 // Keep the call (and its HTTP/2 stream) alive until the decode shows life or
                 // ends: closing it now would cancel a decode that may be receiving KV.

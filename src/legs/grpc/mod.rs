@@ -34,6 +34,7 @@ use crate::ledger::Handoff;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
+use crate::workers::admission::{self, NotAdmitted};
 use crate::workers::select::Pair;
 use crate::workers::Worker;
 
@@ -85,6 +86,48 @@ pub async fn attempt(
             }
         }
     };
+    // Context length: the smaller window of the two legs (a leg that reports none is not
+    // checked), before any leg goes out.
+    let window = [pair.prefill.context_length(), pair.decode.context_length()]
+        .into_iter()
+        .flatten()
+        .min();
+    if let Some(window) = window {
+        if p.prompt_ids.len() > window as usize {
+            return Attempt::Refused(Reply::error(
+                ErrorCode::ContextLengthExceeded,
+                format!(
+                    "the prompt has {} tokens, more than the context window of the selected \
+                     workers ({window} tokens)",
+                    p.prompt_ids.len()
+                ),
+            ));
+        }
+    }
+    // The decode admission window: one slot per backend request on the decode.
+    let wait = gw.settings().pd_admission_wait;
+    let admitted = {
+        let client_gone = async {
+            let _ = session.read_body_or_idle(true).await;
+        };
+        admission::admit(&pair.decode, 1, wait, client_gone).await
+    };
+    let slots = match admitted {
+        Ok(slots) => slots,
+        Err(NotAdmitted::ClientGone) => return Attempt::ClientGone,
+        Err(NotAdmitted::Shed) => {
+            return Attempt::Refused(
+                Reply::error(
+                    ErrorCode::WorkerOverloadProtectionShed,
+                    format!(
+                        "the decode worker {} has no free slot in its running window",
+                        pair.decode.url()
+                    ),
+                )
+                .with_retry_after(gw.settings().overload_retry_after_secs),
+            )
+        }
+    };
     let legs = Legs {
         gw,
         req,
@@ -97,8 +140,13 @@ pub async fn attempt(
         labels: PdLabels::new(ctx, pair),
     };
     match engine {
-        Engine::Vllm => Box::pin(sequential::attempt(&legs, session, ctx, &p, slot)).await,
-        _ => Box::pin(parallel::attempt(&legs, session, ctx, &p, engine, slot)).await,
+        Engine::Vllm => Box::pin(sequential::attempt(&legs, session, ctx, &p, slots, slot)).await,
+        _ => {
+            Box::pin(parallel::attempt(
+                &legs, session, ctx, &p, engine, slots, slot,
+            ))
+            .await
+        }
     }
 }
 

@@ -27,6 +27,7 @@ use crate::ledger::{Handoff, Kind};
 use crate::legs::dispatch::Attempt;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
+use crate::workers::admission::Slots;
 
 pub async fn attempt(
     legs: &Legs<'_>,
@@ -34,6 +35,7 @@ pub async fn attempt(
     ctx: &mut RequestCtx,
     p: &Arc<Prepared>,
     engine: Engine,
+    slots: Option<Slots>,
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
     let (gw, pair) = (legs.gw, legs.pair);
@@ -105,7 +107,8 @@ pub async fn attempt(
         request_id,
         decode_req,
         true,
-    );
+    )
+    .holding(slots);
     // A non-streamed decode answers only when it is done.
     let open_deadline = tokio::time::Instant::now()
         + if p.gen.stream {

@@ -25,6 +25,7 @@ use crate::legs::sequential::{mint_transfer_id, mooncake_engine_id};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
+use crate::workers::admission::Slots;
 
 /// How this attempt hands the KV over.
 enum Plan {
@@ -46,6 +47,7 @@ pub async fn attempt(
     session: &mut Session,
     ctx: &mut RequestCtx,
     p: &Arc<Prepared>,
+    slots: Option<Slots>,
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
     let (gw, pair) = (legs.gw, legs.pair);
@@ -209,7 +211,8 @@ pub async fn attempt(
         request_id,
         decode_req,
         true,
-    );
+    )
+    .holding(slots);
     METRICS
         .pd_kv_transfer_duration
         .with_label_values(&legs.labels().as_array())

@@ -1,0 +1,118 @@
+//! The decode admission window (spec "Decode Admission Window (gRPC)"): before a PD dispatch goes
+//! out, the gateway claims one slot per backend request on the chosen decode, within the running
+//! window that engine reports (SGLang `max_running_requests`, TokenSpeed and vLLM `max_num_seqs`).
+//! A full window makes the dispatch wait up to `--pd-admission-wait-secs` (`0`: shed at once),
+//! then it is shed with 503 `worker_overload_protection_shed` and `Retry-After`.
+//!
+//! Why before dispatch: a PD request holds a decode slot from the moment its rendezvous opens.
+//! Sent to a full decode, the prefill still runs and its KV waits in a bootstrap room until the
+//! engine's deadline — wasted compute, pinned KV, and a timeout the client sees much later.
+//!
+//! The slots are a semaphore per decode worker, sized by its window when first used; a slot is
+//! held by the decode leg ([`Slots`]) and released however that leg ends. Workers that report no
+//! window are not gated.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::Worker;
+use crate::metrics::METRICS;
+
+/// A worker's admission window.
+pub struct Window {
+    slots: Arc<Semaphore>,
+    size: u32,
+}
+
+impl Window {
+    pub fn new(size: u32) -> Window {
+        Window {
+            slots: Arc::new(Semaphore::new(size as usize)),
+            size,
+        }
+    }
+
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// Slots in use now.
+    pub fn in_use(&self) -> u32 {
+        self.size
+            .saturating_sub(self.slots.available_permits() as u32)
+    }
+}
+
+/// Claimed slots on one decode; dropping them releases the slots.
+pub type Slots = OwnedSemaphorePermit;
+
+/// Why a dispatch was not admitted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotAdmitted {
+    /// The window stayed full for the whole wait (or the request needs more slots than the
+    /// window has).
+    Shed,
+    /// The client left while waiting: nothing was claimed.
+    ClientGone,
+}
+
+/// Claims `n` slots on `decode` (none when it reports no window): at once when free, else after
+/// waiting up to `wait` while `client_gone` has not resolved. Counts the waits and the sheds.
+pub async fn admit(
+    decode: &Worker,
+    n: u32,
+    wait: Duration,
+    client_gone: impl Future<Output = ()>,
+) -> Result<Option<Slots>, NotAdmitted> {
+    let Some(window) = decode.admission_window() else {
+        return Ok(None);
+    };
+    if n > window.size {
+        METRICS.pd_admission_sheds.inc();
+        return Err(NotAdmitted::Shed);
+    }
+    if let Ok(slots) = window.slots.clone().try_acquire_many_owned(n) {
+        return Ok(Some(slots));
+    }
+    if wait.is_zero() {
+        METRICS.pd_admission_sheds.inc();
+        return Err(NotAdmitted::Shed);
+    }
+    let acquire = window.slots.clone().acquire_many_owned(n);
+    tokio::select! {
+        slots = acquire => match slots {
+            Ok(slots) => {
+                METRICS.pd_admission_waits.inc();
+                Ok(Some(slots))
+            }
+            // The semaphore is never closed.
+            Err(_) => Err(NotAdmitted::Shed),
+        },
+        _ = tokio::time::sleep(wait) => {
+            METRICS.pd_admission_sheds.inc();
+            Err(NotAdmitted::Shed)
+        }
+        _ = client_gone => Err(NotAdmitted::ClientGone),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_window_admits_up_to_its_size_and_frees_slots_when_they_drop() {
+        let w = Window::new(2);
+        let a = w.slots.clone().try_acquire_many_owned(1).unwrap();
+        let b = w.slots.clone().try_acquire_many_owned(1).unwrap();
+        assert_eq!(w.in_use(), 2);
+        assert!(w.slots.clone().try_acquire_many_owned(1).is_err());
+        drop(a);
+        assert_eq!(w.in_use(), 1);
+        drop(b);
+        assert_eq!(w.in_use(), 0);
+    }
+}
