@@ -864,3 +864,205 @@ async fn moriio_over_grpc_is_refused_with_501() {
     assert_eq!(error_code(&r), "moriio_grpc_pd_unsupported");
     assert!(p.records().is_empty() && d.records().is_empty());
 }
+
+/// The prompt ids of `chat(..)`'s messages, as the gateway renders and tokenizes them.
+fn chat_ids(messages: &Value) -> Vec<u32> {
+    let tok = Tokenizer::from_dir(model_dir()).unwrap();
+    let text = tok
+        .render_chat(&pdgate_tokenize::ChatInput {
+            messages: messages.as_array().unwrap(),
+            tools: None,
+            documents: None,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            template_kwargs: None,
+        })
+        .unwrap();
+    tok.encode(&text, false).unwrap()
+}
+
+/// Per-choice texts of a chat response (JSON, or SSE with indexed chunks).
+fn choice_texts(body: &str, stream: bool, n: usize) -> Vec<String> {
+    let mut texts = vec![String::new(); n];
+    let mut add = |v: &Value| {
+        for c in v["choices"].as_array().into_iter().flatten() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            let t = if stream {
+                c["delta"]["content"].as_str()
+            } else {
+                c["message"]["content"].as_str()
+            };
+            texts[i].push_str(t.unwrap_or_default());
+        }
+    };
+    if stream {
+        for d in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if let Ok(v) = serde_json::from_str::<Value>(d) {
+                add(&v);
+            }
+        }
+    } else {
+        add(&serde_json::from_str(body).unwrap());
+    }
+    texts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_samples_fan_out_into_their_own_rooms_and_merge() {
+    for (i, engine) in [EngineKind::Sglang, EngineKind::TokenSpeed]
+        .into_iter()
+        .enumerate()
+    {
+        let ip = |n: u8| [127, 0, 33, (i as u8) * 2 + n];
+        let p = grpc_engine(engine, Role::Prefill, ip(1)).await;
+        let d = grpc_engine(engine, Role::Decode, ip(2)).await;
+        let gw = gateway(&p, &d).await;
+        let messages = chat(5, false)["messages"].clone();
+        let ids = chat_ids(&messages);
+        // TokenSpeed: a pinned seed, offset by the sample index, makes the samples differ.
+        let seed = (engine == EngineKind::TokenSpeed).then_some(7u64);
+        let want: Vec<String> = (0..3)
+            .map(|s| {
+                let spec = mock_engine::fake_model::SamplingSpec {
+                    max_new_tokens: 5,
+                    seed: seed.map(|v| v + s),
+                    ..d.sampling_spec()
+                };
+                decode_ids(&d.reference(&ids, &spec, None).token_ids)
+            })
+            .collect();
+        for stream in [false, true] {
+            let mut body = chat(5, stream);
+            body["n"] = json!(3);
+            if let Some(seed) = seed {
+                body["seed"] = json!(seed);
+            }
+            let before = d.records().len();
+            let r = gw.post("/v1/chat/completions", &body).await;
+            assert_eq!(r.status, 200, "{engine:?}: {}", r.text());
+            assert_eq!(
+                choice_texts(&r.text(), stream, 3),
+                want,
+                "{engine:?} stream={stream}"
+            );
+            if !stream {
+                assert_eq!(r.json()["usage"]["completion_tokens"], 15, "{}", r.text());
+            }
+            let recs: Vec<_> = d.records()[before..]
+                .iter()
+                .map(|r| r.grpc.clone().unwrap())
+                .collect();
+            assert_eq!(recs.len(), 3, "one decode leg per sample");
+            let rooms: std::collections::BTreeSet<_> = recs
+                .iter()
+                .map(|g| g.bootstrap.as_ref().unwrap().room)
+                .collect();
+            assert_eq!(rooms.len(), 3, "each sample has its own room");
+            assert!(recs.iter().all(|g| g.sampling.n == 1));
+            let mut suffixes: Vec<_> = recs
+                .iter()
+                .map(|g| g.request_id.rsplit('-').next().unwrap().to_string())
+                .collect();
+            suffixes.sort();
+            assert_eq!(suffixes, ["0", "1", "2"]);
+        }
+        assert!(d.wait_idle(Duration::from_secs(5)).await, "{:?}", d.rooms());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sample_failing_fails_the_request_and_drops_the_others() {
+    use mock_engine::{Fault, GrpcCode};
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 33, 11]).await;
+    let mut dc = MockEngineConfig::grpc_test(EngineKind::Sglang, Role::Decode, [127, 0, 33, 12])
+        .with_vocab(vocab());
+    dc.itl_ms = 20;
+    let d = MockEngine::spawn(dc).await.unwrap();
+    // No retry: the failed attempt is the answer.
+    let extra = format!(
+        "  model_path: {}\n  retry_max_retries: 0\n",
+        model_dir().display()
+    );
+    let mut gw = Gateway::start(&[spec(&p), spec(&d)], &extra).await;
+    gw.wait_ready().await;
+    d.inject(Fault::FailAfterTokens {
+        tokens: 1,
+        code: GrpcCode::Internal,
+        message: Some("sample broke".into()),
+        count: Some(1),
+        matcher: Default::default(),
+    })
+    .await;
+    // Streamed: every sample's decode has started generating when one of them breaks (a
+    // non-streamed decode that produced nothing is left to finish: its KV may be arriving).
+    let mut body = chat(200, true);
+    body["n"] = json!(3);
+    let r = gw.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.text().contains("sample broke"),
+        "the stream ends with the error: {}",
+        r.text()
+    );
+    assert!(r.text().trim_end().ends_with("data: [DONE]"));
+    // The other samples' decodes were aborted (they were generating 200 tokens).
+    let dropped = d
+        .wait_for(Duration::from_secs(10), |e| {
+            e.records()
+                .iter()
+                .filter(|r| r.outcome.aborted || r.outcome.cancelled)
+                .count()
+                >= 2
+        })
+        .await;
+    assert!(
+        dropped,
+        "{:?}",
+        d.records().iter().map(|r| &r.outcome).collect::<Vec<_>>()
+    );
+    assert!(d.wait_idle(Duration::from_secs(5)).await, "{:?}", d.rooms());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_n_samples_run_on_the_decode_without_a_handoff() {
+    let (p, d) = vllm_pair(
+        mock_engine::Connector::Nixl,
+        ([127, 0, 33, 13], [127, 0, 33, 14]),
+    )
+    .await;
+    let gw = gateway(&p, &d).await;
+    let messages = chat(4, false)["messages"].clone();
+    let ids = chat_ids(&messages);
+    let spec = mock_engine::fake_model::SamplingSpec {
+        max_new_tokens: 4,
+        ..d.sampling_spec()
+    };
+    let want: Vec<String> = (0..2)
+        .map(|s| decode_ids(&d.reference(&ids, &spec, Some(s)).token_ids))
+        .collect();
+    let mut body = chat(4, false);
+    body["n"] = json!(2);
+    let r = gw.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(choice_texts(&r.text(), false, 2), want);
+    let prefill = p.records()[0].grpc.clone().unwrap();
+    assert!(
+        prefill.kv_transfer_params_json.is_none(),
+        "untagged prefill"
+    );
+    let decode = d.records()[0].grpc.clone().unwrap();
+    assert_eq!(decode.sampling.n, 2);
+    assert!(
+        decode.kv_transfer_params_json.is_none(),
+        "no handoff for n > 1"
+    );
+    let m = gw.metrics().await;
+    assert_eq!(
+        crate::harness::metric_value(
+            &m,
+            "smg_pd_kv_connector_mode_total",
+            &[("mode", "passthrough")]
+        ),
+        Some(1.0)
+    );
+}

@@ -30,6 +30,9 @@ pub struct LegSpec<'a> {
     /// Stream chunks back (else only `complete` messages).
     pub stream: bool,
     pub dp_rank: Option<i32>,
+    /// The sample this leg carries when `n > 1` fans out (0 otherwise): TokenSpeed's pinned
+    /// seed is offset by it, so samples differ.
+    pub sample: u32,
 }
 
 /// The rendezvous of a parallel (SGLang / TokenSpeed) pair.
@@ -149,7 +152,9 @@ pub fn tokenspeed(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Gen
             }),
             no_stop_trim: s.no_stop_trim,
             custom_params: None,
-            sampling_seed: s.seed.map(|v| v as u64),
+            sampling_seed: s
+                .seed
+                .map(|v| (v as u64).wrapping_add(u64::from(leg.sample))),
         }),
         return_logprob: logprobs.is_some(),
         logprob_start_len: None,
@@ -261,7 +266,8 @@ fn vllm_sampling(s: &SamplingParams, top_logprobs: Option<u32>) -> vllm::Samplin
         skip_special_tokens: true,
         spaces_between_special_tokens: s.spaces_between_special_tokens,
         ignore_eos: s.ignore_eos,
-        n: 1,
+        // vLLM samples `n` itself (it gets no handoff then); the prefill leg overrides it.
+        n: s.n.max(1),
         logprobs: top_logprobs.map(|k| k.clamp(1, 20) as i32),
         prompt_logprobs: None,
         // The engine's seed is an i32: saturate (SMG).

@@ -110,7 +110,7 @@ pub async fn attempt(
         let client_gone = async {
             let _ = session.read_body_or_idle(true).await;
         };
-        admission::admit(&pair.decode, 1, wait, client_gone).await
+        admission::admit(&pair.decode, p.gen.sampling.n.max(1), wait, client_gone).await
     };
     let slots = match admitted {
         Ok(slots) => slots,
@@ -209,7 +209,7 @@ pub async fn relay_open_decode(
     session: &mut Session,
     ctx: &mut RequestCtx,
     p: &Prepared,
-    decode: &mut GrpcLeg,
+    decode: relay::Source<'_>,
     dispatched: Instant,
 ) -> Attempt {
     let s = legs.gw.settings();

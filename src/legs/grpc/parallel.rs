@@ -1,24 +1,29 @@
-//! Parallel dispatch over gRPC (SGLang, TokenSpeed): one room, both `Generate` calls at once,
-//! the decode relayed as soon as it has produced its first message, the prefill drained in the
-//! background (digest §2.13).
+//! Parallel dispatch over gRPC (SGLang, TokenSpeed): a room per sample, every `Generate` call at
+//! once, the decode relayed as soon as it has produced its first message, the prefill drained
+//! in the background (digest §2.13).
+//!
+//! `n > 1` fans out (spec "Parallel Sampling"): the handoff is single-consumer, so each sample
+//! is its own single-sample PD dispatch — its own room, engine id `<id>-<i>`, TokenSpeed seed
+//! offset by `i` — and the samples fail together and merge into one response.
 //!
 //! Fail-fast: the first leg the engine refuses answers the client at once
 //! (`prefill_worker_failed_to_start` / `decode_worker_failed_to_start`, the gRPC status mapped
-//! to HTTP) and the other leg is dropped — the prefill aborted at once, the decode after its
-//! first message or end (at most 30 s; see `leg`). A prefill that fails after it started
-//! dooms a decode still waiting for its KV: that fails the attempt too.
+//! to HTTP) and every other leg is dropped — a prefill aborted at once, a decode after its first
+//! message or end (at most 30 s; see `leg`). A prefill that fails after it started dooms a decode
+//! still waiting for its KV: that fails the attempt too.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use pdgate_filters::errors::ErrorCode;
 use pingora::proxy::Session;
-use tonic::Status;
 
 use super::build::{self, Bootstrap, LegSpec};
 use super::engine::{Engine, Message};
 use super::leg::GrpcLeg;
 use super::prepare::Prepared;
+use super::relay::{FanIn, Source};
 use super::{
     leg_failed_to_start, mint_room, relay_open_decode, spawn_prefill_drain, stream_failed, Legs,
 };
@@ -29,86 +34,115 @@ use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
 use crate::workers::admission::Slots;
 
+/// One sample's pair of legs.
+struct Sample {
+    prefill: GrpcLeg,
+    decode: GrpcLeg,
+    handoff: Arc<Handoff>,
+    prefill_done: bool,
+}
+
 pub async fn attempt(
     legs: &Legs<'_>,
     session: &mut Session,
     ctx: &mut RequestCtx,
     p: &Arc<Prepared>,
     engine: Engine,
-    slots: Option<Slots>,
+    mut slots: Option<Slots>,
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
     let (gw, pair) = (legs.gw, legs.pair);
     let s = gw.settings();
-    let room = mint_room(engine, legs.prefill_dp());
-    ctx.room = Some(room);
+    let n = p.gen.sampling.n.max(1);
+    let attempt_id = legs.attempt_request_id();
     ctx.connector = Some("bootstrap");
-    let bootstrap = Bootstrap {
-        host: pair.prefill.address.host.clone(),
-        port: pair
-            .prefill
-            .spec
-            .bootstrap_port
-            .unwrap_or(defaults::BOOTSTRAP_PORT),
-        room,
-    };
-    let handoff = gw.ledger.open(
-        Kind::Room,
-        room,
-        &ctx.request_id,
-        pair.prefill.url(),
-        pair.decode.url(),
-    );
-    *slot = Some(handoff.clone());
-    let request_id = legs.attempt_request_id();
     let build = match engine {
         Engine::TokenSpeed => build::tokenspeed,
         _ => build::sglang,
     };
-    let prefill_req = build(
-        p,
-        &LegSpec {
-            request_id: &request_id,
-            stream: false,
-            dp_rank: legs.dp_rank(&pair.prefill),
-        },
-        &bootstrap,
-    );
-    let decode_req = build(
-        p,
-        &LegSpec {
-            request_id: &request_id,
-            stream: p.gen.stream,
-            dp_rank: legs.dp_rank(&pair.decode),
-        },
-        &bootstrap,
-    );
-    log::debug!(
-        "request {} gRPC pair {} -> {} bootstrap_room={room} id={request_id}",
-        ctx.request_id,
-        pair.prefill.url(),
-        pair.decode.url(),
-    );
     let dispatched = Instant::now();
     let prefill_in_flight = pair.prefill.track(legs.keyed());
     let decode_in_flight = pair.decode.track(legs.keyed());
-    let mut prefill = GrpcLeg::start(
-        pair.prefill.clone(),
-        pair.prefill.grpc_channel(),
-        engine,
-        request_id.clone(),
-        prefill_req,
-        false,
-    );
-    let mut decode = GrpcLeg::start(
-        pair.decode.clone(),
-        pair.decode.grpc_channel(),
-        engine,
-        request_id,
-        decode_req,
-        true,
-    )
-    .holding(slots);
+    let mut samples: Vec<Sample> = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let room = mint_room(engine, legs.prefill_dp());
+        if i == 0 {
+            ctx.room = Some(room);
+        }
+        let bootstrap = Bootstrap {
+            host: pair.prefill.address.host.clone(),
+            port: pair
+                .prefill
+                .spec
+                .bootstrap_port
+                .unwrap_or(defaults::BOOTSTRAP_PORT),
+            room,
+        };
+        let handoff = gw.ledger.open(
+            Kind::Room,
+            room,
+            &ctx.request_id,
+            pair.prefill.url(),
+            pair.decode.url(),
+        );
+        if i == 0 {
+            *slot = Some(handoff.clone());
+        }
+        let request_id = if n == 1 {
+            attempt_id.clone()
+        } else {
+            format!("{attempt_id}-{i}")
+        };
+        let leg = |stream, dp_rank| LegSpec {
+            request_id: &request_id,
+            stream,
+            dp_rank,
+            sample: i,
+        };
+        let prefill_req = build(p, &leg(false, legs.dp_rank(&pair.prefill)), &bootstrap);
+        let decode_req = build(
+            p,
+            &leg(p.gen.stream, legs.dp_rank(&pair.decode)),
+            &bootstrap,
+        );
+        log::debug!(
+            "request {} gRPC pair {} -> {} bootstrap_room={room} id={request_id}",
+            ctx.request_id,
+            pair.prefill.url(),
+            pair.decode.url(),
+        );
+        // Each sample's decode holds one of the claimed slots.
+        let sample_slots = match slots.as_mut() {
+            Some(all) if all.num_permits() > 1 => all.split(1),
+            _ => slots.take(),
+        };
+        samples.push(Sample {
+            prefill: GrpcLeg::start(
+                pair.prefill.clone(),
+                pair.prefill.grpc_channel(),
+                engine,
+                request_id.clone(),
+                prefill_req,
+                false,
+            ),
+            decode: GrpcLeg::start(
+                pair.decode.clone(),
+                pair.decode.grpc_channel(),
+                engine,
+                request_id.clone(),
+                decode_req,
+                true,
+            )
+            .holding(sample_slots),
+            handoff,
+            prefill_done: false,
+        });
+    }
+    let fail_all = |samples: &[Sample]| {
+        for s in samples {
+            s.handoff.failed();
+        }
+    };
     // A non-streamed decode answers only when it is done.
     let open_deadline = tokio::time::Instant::now()
         + if p.gen.stream {
@@ -116,29 +150,103 @@ pub async fn attempt(
         } else {
             s.request_timeout
         };
-    let mut prefill_done = false;
-    let opened: Result<(), Attempt> = loop {
+    if let Err(end) = open_all(legs, session, &mut samples, open_deadline, dispatched).await {
+        fail_all(&samples);
+        return end;
+    }
+    // Every decode produced output, so its KV arrived; let the prefills end on their own.
+    let mut decodes = Vec::with_capacity(samples.len());
+    for sample in samples {
+        if sample.prefill_done {
+            drop(sample.handoff);
+        } else {
+            spawn_prefill_drain(
+                sample.prefill,
+                sample.handoff,
+                s.prefill_head_timeout,
+                legs.labels(),
+                dispatched,
+            );
+        }
+        decodes.push(sample.decode);
+    }
+    drop(prefill_in_flight);
+    let end = if decodes.len() == 1 {
+        let mut decode = decodes.pop().expect("one decode");
+        relay_open_decode(legs, session, ctx, p, Source::One(&mut decode), dispatched).await
+    } else {
+        let fan = FanIn::new(decodes, pair.decode.clone());
+        relay_open_decode(legs, session, ctx, p, Source::Many(fan), dispatched).await
+    };
+    drop(decode_in_flight);
+    end
+}
+
+/// Drives every sample until all decodes are open (their first message is ready), completing
+/// the prefills that finish meanwhile. `Err`: the attempt's end (a refusal, a failed prefill,
+/// the deadline, or the client leaving); the legs are dropped by the caller.
+async fn open_all(
+    legs: &Legs<'_>,
+    session: &mut Session,
+    samples: &mut [Sample],
+    deadline: tokio::time::Instant,
+    dispatched: Instant,
+) -> Result<(), Attempt> {
+    let pair = legs.pair;
+    let total = samples.len();
+    let mut decodes = FuturesUnordered::new();
+    let mut prefills = FuturesUnordered::new();
+    for (i, s) in samples.iter_mut().enumerate() {
+        let decode = &mut s.decode;
+        decodes.push(async move { decode.opened().await });
+        let prefill = &mut s.prefill;
+        prefills.push(async move {
+            loop {
+                match prefill.next().await {
+                    Ok(Some(Message::Chunk(_))) => continue,
+                    Ok(Some(Message::Complete(_))) | Ok(None) => {
+                        prefill.completed();
+                        return Ok(i);
+                    }
+                    Err(status) => return Err((status, prefill.was_opened())),
+                }
+            }
+        });
+    }
+    let mut open = 0;
+    let mut done = Vec::new();
+    let outcome = loop {
+        if open == total {
+            break Ok(());
+        }
         tokio::select! {
-            d = decode.opened() => match d {
-                Ok(()) => break Ok(()),
-                Err(status) => break Err(refused("decode", &decode, &status)),
+            d = decodes.next() => match d {
+                Some(Ok(())) => open += 1,
+                Some(Err(status)) => {
+                    let reply = leg_failed_to_start("decode", &status);
+                    pair.decode.record_leg(Some(reply.status));
+                    break Err(Attempt::Refused(reply));
+                }
+                None => break Ok(()),
             },
-            m = prefill.next(), if !prefill_done => match m {
-                Ok(Some(Message::Complete(_))) | Ok(None) => {
-                    prefill_done = true;
-                    prefill.completed();
+            p = prefills.next(), if !prefills.is_empty() => match p {
+                Some(Ok(i)) => {
                     pair.prefill.record_leg(Some(200));
                     legs.prefill_done(dispatched);
+                    done.push(i);
                 }
-                Ok(Some(Message::Chunk(_))) => {}
-                Err(status) => break Err(if prefill.was_opened() {
-                    pair.prefill.record_leg(Some(stream_failed(&status).status));
-                    Attempt::Refused(stream_failed(&status))
-                } else {
-                    refused("prefill", &prefill, &status)
-                }),
+                Some(Err((status, opened))) => {
+                    let reply = if opened {
+                        stream_failed(&status)
+                    } else {
+                        leg_failed_to_start("prefill", &status)
+                    };
+                    pair.prefill.record_leg(Some(reply.status));
+                    break Err(Attempt::Refused(reply));
+                }
+                None => {}
             },
-            _ = tokio::time::sleep_until(open_deadline) => {
+            _ = tokio::time::sleep_until(deadline) => {
                 pair.decode.record_leg(None);
                 break Err(Attempt::Refused(
                     Reply::error(ErrorCode::Timeout, "the decode worker produced nothing in time")
@@ -148,29 +256,10 @@ pub async fn attempt(
             _ = session.read_body_or_idle(true) => break Err(Attempt::ClientGone),
         }
     };
-    if let Err(end) = opened {
-        return end;
+    drop(decodes);
+    drop(prefills);
+    for i in done {
+        samples[i].prefill_done = true;
     }
-    if !prefill_done {
-        // The decode produced output, so its KV arrived; let the prefill end on its own.
-        spawn_prefill_drain(
-            prefill,
-            handoff,
-            s.prefill_head_timeout,
-            legs.labels(),
-            dispatched,
-        );
-    }
-    drop(prefill_in_flight);
-    let end = relay_open_decode(legs, session, ctx, p, &mut decode, dispatched).await;
-    drop(decode_in_flight);
-    end
-}
-
-/// A leg the engine refused: its breaker outcome, and the client's answer (retried on another
-/// pair when the status is a server-side one).
-fn refused(leg: &str, l: &GrpcLeg, status: &Status) -> Attempt {
-    let reply = leg_failed_to_start(leg, status);
-    l.worker.record_leg(Some(reply.status));
-    Attempt::Refused(reply)
+    outcome
 }

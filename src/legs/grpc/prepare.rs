@@ -40,13 +40,6 @@ pub struct Prepared {
 pub async fn prepare(gw: &Gateway, req: &PdRequest, pair: &Pair) -> Result<Arc<Prepared>, Reply> {
     let gen = convert_request(req.route, &req.body, &req.top)
         .map_err(|e| Reply::error_with_status(e.status(), e.code(), e.to_string()))?;
-    if gen.sampling.n > 1 {
-        return Err(Reply::error(
-            ErrorCode::FeatureNotSupported,
-            "n > 1 is not supported over gRPC PD yet (each sample needs its own rendezvous); \
-             send n separate requests",
-        ));
-    }
     let tokenizer = gw
         .models
         .tokenizer(pair.prefill.tokenizer_source().as_deref())

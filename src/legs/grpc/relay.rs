@@ -1,10 +1,12 @@
-//! Relaying a gRPC decode leg to the client: token ids → the stop decoder
+//! Relaying gRPC decode output to the client: token ids → a stop decoder per choice
 //! (`pdgate-tokenize`: incremental detokenization, stop ids, stop strings withheld until they
 //! can no longer match) → the route's response writer (`pdgate-convert`) → the client, as SSE
 //! chunk by chunk or one JSON body. Usage comes from the decode's counts (digest §2.16).
 //!
-//! A router-side stop (a stop string SGLang could not take, or any stop the engine missed)
-//! ends the choice at once; the decode is then dropped, which aborts it on the engine.
+//! The choices come from one decode leg (n = 1, or vLLM's engine-side samples, interleaved by
+//! index) or from `n` fanned-out single-sample legs ([`FanIn`]: a reader task per leg). A
+//! router-side stop (a stop string SGLang could not take, or any stop the engine missed) ends
+//! its choice at once; a fanned-out sample's leg is then dropped, which aborts it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +20,9 @@ use pdgate_filters::errors::{grpc_status_to_http, ErrorCode};
 use pdgate_tokenize::{MatchedStop as RouterStop, StopConfig, StopDecoder, Tokenizer};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tonic::Status;
 
 use super::engine::{EngineStop, Message, OutputLogprobs};
 use super::leg::GrpcLeg;
@@ -27,6 +32,7 @@ use crate::legs::parallel::PdLabels;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON, SSE};
+use crate::workers::Worker;
 
 pub struct RelayPlan<'a> {
     pub prepared: &'a Prepared,
@@ -42,15 +48,120 @@ pub struct RelayPlan<'a> {
     pub labels: &'a PdLabels,
 }
 
-/// Relays `decode` (already open: its first message is ready) and records its outcome.
+/// Where the decode messages come from.
+pub enum Source<'a> {
+    /// One decode leg; its messages carry their choice index.
+    One(&'a mut GrpcLeg),
+    /// Fanned-out single-sample legs.
+    Many(FanIn),
+}
+
+/// `n` single-sample decode legs read by one task each; a message's index is its sample.
+pub struct FanIn {
+    rx: mpsc::Receiver<(u32, Result<Option<Message>, Status>)>,
+    tasks: Vec<JoinHandle<()>>,
+    worker: Arc<Worker>,
+}
+
+impl FanIn {
+    /// Reads `legs` (sample `i` = `legs[i]`, already open). Each task marks its leg completed
+    /// when the engine finished it; a task aborted or dropped drops its leg (an abort).
+    pub fn new(legs: Vec<GrpcLeg>, worker: Arc<Worker>) -> FanIn {
+        let (tx, rx) = mpsc::channel(16 * legs.len().max(1));
+        let tasks = legs
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut leg)| {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let m = leg.next().await;
+                        let last = !matches!(m, Ok(Some(Message::Chunk(_))));
+                        if matches!(m, Ok(Some(Message::Complete(_))) | Ok(None)) {
+                            leg.completed();
+                        }
+                        let m = m.map(|o| o.map(|msg| with_index(msg, i as u32)));
+                        if tx.send((i as u32, m)).await.is_err() || last {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        FanIn { rx, tasks, worker }
+    }
+
+    /// Drops sample `i`'s leg (it aborts on the engine).
+    fn stop(&self, i: u32) {
+        if let Some(t) = self.tasks.get(i as usize) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for FanIn {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn with_index(m: Message, i: u32) -> Message {
+    match m {
+        Message::Chunk(mut c) => {
+            c.index = i;
+            Message::Chunk(c)
+        }
+        Message::Complete(mut c) => {
+            c.index = i;
+            Message::Complete(c)
+        }
+    }
+}
+
+/// What a source yields next.
+enum Next {
+    Message(Message),
+    /// A stream ended: choice `Some(i)` (fan-out) or the only stream (`None`).
+    Ended(Option<u32>),
+    Failed(Status),
+}
+
+impl Source<'_> {
+    async fn next(&mut self) -> Next {
+        match self {
+            Source::One(leg) => match leg.next().await {
+                Ok(Some(m)) => Next::Message(m),
+                Ok(None) => Next::Ended(None),
+                Err(s) => Next::Failed(s),
+            },
+            Source::Many(fan) => match fan.rx.recv().await {
+                Some((_, Ok(Some(m)))) => Next::Message(m),
+                Some((i, Ok(None))) => Next::Ended(Some(i)),
+                Some((_, Err(s))) => Next::Failed(s),
+                // Every task ended: nothing more will come.
+                None => Next::Ended(None),
+            },
+        }
+    }
+
+    fn worker(&self) -> &Arc<Worker> {
+        match self {
+            Source::One(leg) => &leg.worker,
+            Source::Many(fan) => &fan.worker,
+        }
+    }
+}
+
+/// Relays the decode output (its legs already open) and records the decode's outcome.
 pub async fn relay(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    decode: &mut GrpcLeg,
+    mut source: Source<'_>,
     plan: RelayPlan<'_>,
 ) -> Attempt {
-    let p = plan.prepared;
-    let mut out = Output::new(p, ctx, &plan);
+    let mut out = Output::new(plan.prepared, ctx, &plan);
     let deadline = tokio::time::Instant::from_std(plan.deadline);
     let mut head_sent = false;
     if plan.streaming {
@@ -66,10 +177,10 @@ pub async fn relay(
             deadline
         };
         let next = tokio::select! {
-            m = decode.next() => m,
+            n = source.next() => n,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
             _ = tokio::time::sleep_until(stall.min(deadline)) => {
-                decode.worker.record_leg(None);
+                source.worker().record_leg(None);
                 let why = if tokio::time::Instant::now() >= deadline {
                     "the request ran past request_timeout_secs"
                 } else {
@@ -79,18 +190,20 @@ pub async fn relay(
             }
         };
         match next {
-            Ok(Some(Message::Chunk(c))) => {
+            Next::Message(Message::Chunk(c)) => {
                 out.chunk(
+                    c.index,
                     &c.token_ids,
                     c.prompt_tokens,
                     c.cached_tokens,
                     c.logprobs.as_ref(),
                 );
             }
-            Ok(Some(Message::Complete(c))) => {
+            Next::Message(Message::Complete(c)) => {
                 if !plan.streaming {
                     // Not streamed: the complete carries every output id.
                     out.chunk(
+                        c.index,
                         &c.output_ids,
                         c.prompt_tokens,
                         c.cached_tokens,
@@ -98,6 +211,7 @@ pub async fn relay(
                     );
                 }
                 out.complete(
+                    c.index,
                     &c.finish_reason,
                     c.matched.as_ref(),
                     c.prompt_tokens,
@@ -105,9 +219,13 @@ pub async fn relay(
                     c.cached_tokens,
                 );
             }
-            Ok(None) => {
-                if !out.finished {
-                    decode.worker.record_leg(None);
+            Next::Ended(choice) => {
+                let unfinished = match choice {
+                    Some(i) => !out.is_finished(i),
+                    None => !out.all_finished(),
+                };
+                if unfinished {
+                    source.worker().record_leg(None);
                     return out
                         .fail(
                             session,
@@ -119,13 +237,19 @@ pub async fn relay(
                         .await;
                 }
             }
-            Err(status) => {
-                let http = grpc_status_to_http(status.code() as i32);
-                decode.worker.record_leg(Some(http));
+            Next::Failed(status) => {
+                source
+                    .worker()
+                    .record_leg(Some(grpc_status_to_http(status.code() as i32)));
                 let why = format!("the decode stream failed: {}", status.message());
                 return out
                     .fail(session, ctx, head_sent, ErrorCode::WorkerStreamFailed, &why)
                     .await;
+            }
+        }
+        if let Source::Many(fan) = &source {
+            for i in out.take_early_ends() {
+                fan.stop(i);
             }
         }
         if ctx.ttft.is_none() && out.produced {
@@ -136,13 +260,13 @@ pub async fn relay(
                 .with_label_values(&plan.labels.as_array())
                 .observe(ttft.as_secs_f64());
         }
-        if out.finished {
-            if out.ended_early {
-                // A router-side stop: the engine is still generating; dropping the leg aborts it.
-                decode.worker.record_leg(Some(200));
-            } else {
-                decode.completed();
-                decode.worker.record_leg(Some(200));
+        if out.all_finished() {
+            source.worker().record_leg(Some(200));
+            if let Source::One(leg) = &mut source {
+                // A router-side stop leaves the engine generating: dropping the leg aborts it.
+                if !out.any_ended_early {
+                    leg.completed();
+                }
             }
             out.end();
             if !plan.streaming {
@@ -161,23 +285,29 @@ pub async fn relay(
     }
 }
 
-/// What goes to the client: the route's writer, the stop decoder of the choice, and counts.
-struct Output {
-    writer: Box<dyn ResponseWriter>,
+/// One choice's state.
+struct Choice {
     decoder: StopDecoder,
-    tokenizer: Arc<Tokenizer>,
-    want_logprobs: bool,
-    buf: Vec<u8>,
-    text: String,
-    rows: Vec<TokenLogprob>,
     /// Tokens consumed by the decoder (completion tokens when the router stopped).
     consumed: u32,
     prompt_tokens: u32,
     cached_tokens: u32,
-    produced: bool,
     finished: bool,
-    /// The router stopped the choice before the engine finished it.
+    /// The router stopped it before the engine finished it (not yet reported to the source).
     ended_early: bool,
+}
+
+/// What goes to the client: the route's writer, a stop decoder per choice, and counts.
+struct Output {
+    writer: Box<dyn ResponseWriter>,
+    tokenizer: Arc<Tokenizer>,
+    want_logprobs: bool,
+    choices: Vec<Choice>,
+    buf: Vec<u8>,
+    text: String,
+    rows: Vec<TokenLogprob>,
+    produced: bool,
+    any_ended_early: bool,
     started: Instant,
 }
 
@@ -199,60 +329,86 @@ impl Output {
         spec.prompt_tokens = vec![p.prompt_ids.len() as u32];
         let writer = response_writer(spec).expect("a generation route has a response writer");
         let s = &gen.sampling;
-        let decoder = StopDecoder::new(
-            p.tokenizer.clone(),
-            &StopConfig {
-                stop: s.stop.clone(),
-                stop_token_ids: s.stop_token_ids.clone(),
-                ignore_eos: s.ignore_eos,
-                no_stop_trim: s.no_stop_trim,
-                skip_special_tokens: s.skip_special_tokens,
-            },
-        );
+        let config = StopConfig {
+            stop: s.stop.clone(),
+            stop_token_ids: s.stop_token_ids.clone(),
+            ignore_eos: s.ignore_eos,
+            no_stop_trim: s.no_stop_trim,
+            skip_special_tokens: s.skip_special_tokens,
+        };
+        let choices = (0..s.n.max(1))
+            .map(|_| Choice {
+                decoder: StopDecoder::new(p.tokenizer.clone(), &config),
+                consumed: 0,
+                prompt_tokens: p.prompt_ids.len() as u32,
+                cached_tokens: 0,
+                finished: false,
+                ended_early: false,
+            })
+            .collect();
         Output {
             writer,
-            decoder,
             tokenizer: p.tokenizer.clone(),
             want_logprobs: gen.logprobs.is_some(),
+            choices,
             buf: Vec::with_capacity(512),
             text: String::new(),
             rows: Vec::new(),
-            consumed: 0,
-            prompt_tokens: p.prompt_ids.len() as u32,
-            cached_tokens: 0,
             produced: false,
-            finished: false,
-            ended_early: false,
+            any_ended_early: false,
             started: Instant::now(),
         }
     }
 
-    /// New output ids of the (single) choice.
+    fn is_finished(&self, i: u32) -> bool {
+        self.choices.get(i as usize).is_none_or(|c| c.finished)
+    }
+
+    fn all_finished(&self) -> bool {
+        self.choices.iter().all(|c| c.finished)
+    }
+
+    /// Choices the router ended since the last call (their fanned-out legs are to be dropped).
+    fn take_early_ends(&mut self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (i, c) in self.choices.iter_mut().enumerate() {
+            if c.ended_early {
+                c.ended_early = false;
+                out.push(i as u32);
+            }
+        }
+        out
+    }
+
+    /// New output ids of choice `index`.
     fn chunk(
         &mut self,
+        index: u32,
         ids: &[u32],
         prompt_tokens: u32,
         cached_tokens: u32,
         logprobs: Option<&OutputLogprobs>,
     ) {
-        if self.finished {
+        let Some(c) = self.choices.get_mut(index as usize) else {
+            return;
+        };
+        if c.finished {
             return;
         }
         if prompt_tokens > 0 {
-            self.prompt_tokens = prompt_tokens;
+            c.prompt_tokens = prompt_tokens;
         }
-        self.cached_tokens = self.cached_tokens.max(cached_tokens);
+        c.cached_tokens = c.cached_tokens.max(cached_tokens);
         self.text.clear();
-        let taken = match self.decoder.push_all(ids, &mut self.text) {
-            Ok(n) => n,
-            Err(_) => ids.len(),
-        };
+        let taken = c.decoder.push_all(ids, &mut self.text).unwrap_or(ids.len());
         let ids = &ids[..taken.min(ids.len())];
-        self.consumed += ids.len() as u32;
+        c.consumed += ids.len() as u32;
+        let stopped = c.decoder.stopped().cloned();
+        let consumed = c.consumed;
         self.rows.clear();
         if self.want_logprobs {
             if let Some(lp) = logprobs {
-                self.fill_rows(lp, ids.len());
+                fill_rows(&self.tokenizer, &mut self.rows, lp, ids.len());
             }
         }
         if !ids.is_empty() || !self.text.is_empty() {
@@ -260,7 +416,7 @@ impl Output {
             self.writer.delta(
                 &mut self.buf,
                 &Delta {
-                    index: 0,
+                    index,
                     text: &self.text,
                     token_ids: ids,
                     logprobs: &self.rows,
@@ -268,44 +424,50 @@ impl Output {
                 },
             );
         }
-        if let Some(stop) = self.decoder.stopped().cloned() {
-            self.ended_early = true;
-            self.finish(FinishReason::Stop, Some(&stop), self.consumed);
+        if let Some(stop) = stopped {
+            self.choices[index as usize].ended_early = true;
+            self.any_ended_early = true;
+            self.finish(index, FinishReason::Stop, router_stop(&stop), consumed);
         }
     }
 
-    /// The engine's end of the choice (ignored after a router-side stop).
+    /// The engine's end of choice `index` (ignored after a router-side stop).
     fn complete(
         &mut self,
+        index: u32,
         reason: &str,
         matched: Option<&EngineStop>,
         prompt_tokens: u32,
         completion_tokens: u32,
         cached_tokens: u32,
     ) {
-        if self.finished {
+        let Some(c) = self.choices.get_mut(index as usize) else {
+            return;
+        };
+        if c.finished {
             return;
         }
         if prompt_tokens > 0 {
-            self.prompt_tokens = prompt_tokens;
+            c.prompt_tokens = prompt_tokens;
         }
-        self.cached_tokens = self.cached_tokens.max(cached_tokens);
+        c.cached_tokens = c.cached_tokens.max(cached_tokens);
         self.text.clear();
-        let _ = self.decoder.flush(&mut self.text);
+        let _ = c.decoder.flush(&mut self.text);
+        let completion = completion_tokens.max(c.consumed);
+        let stopped = c.decoder.stopped().cloned();
         if !self.text.is_empty() {
             self.produced = true;
             self.writer.delta(
                 &mut self.buf,
                 &Delta {
-                    index: 0,
+                    index,
                     text: &self.text,
                     ..Delta::default()
                 },
             );
         }
-        let completion = completion_tokens.max(self.consumed);
-        if let Some(stop) = self.decoder.stopped().cloned() {
-            self.finish(FinishReason::Stop, Some(&stop), completion);
+        if let Some(stop) = stopped {
+            self.finish(index, FinishReason::Stop, router_stop(&stop), completion);
             return;
         }
         let reason = match reason {
@@ -318,73 +480,38 @@ impl Output {
             EngineStop::TokenId(t) => MatchedStop::TokenId(*t),
             EngineStop::Text(s) => MatchedStop::Text(s),
         });
-        self.finish_with(reason, matched, completion);
+        self.finish(index, reason, matched, completion);
     }
 
-    fn finish(&mut self, reason: FinishReason<'_>, stop: Option<&RouterStop>, completion: u32) {
-        let matched = stop.map(|s| match s {
-            RouterStop::TokenId(t) => MatchedStop::TokenId(*t),
-            RouterStop::Text(s) => MatchedStop::Text(s),
-        });
-        self.finish_with(reason, matched, completion);
-    }
-
-    fn finish_with(
+    fn finish(
         &mut self,
+        index: u32,
         reason: FinishReason<'_>,
         matched: Option<MatchedStop<'_>>,
         completion: u32,
     ) {
+        let c = &mut self.choices[index as usize];
+        c.finished = true;
+        let usage = ChoiceUsage {
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: completion,
+            cached_tokens: c.cached_tokens,
+            reasoning_tokens: 0,
+        };
         self.writer.finish(
             &mut self.buf,
             &Finish {
-                index: 0,
+                index,
                 reason,
                 matched,
-                usage: ChoiceUsage {
-                    prompt_tokens: self.prompt_tokens,
-                    completion_tokens: completion,
-                    cached_tokens: self.cached_tokens,
-                    reasoning_tokens: 0,
-                },
+                usage,
                 e2e_latency: Some(self.started.elapsed().as_secs_f64()),
             },
         );
-        self.finished = true;
     }
 
     fn end(&mut self) {
         self.writer.end(&mut self.buf);
-    }
-
-    fn fill_rows(&mut self, lp: &OutputLogprobs, n: usize) {
-        let tok = &self.tokenizer;
-        let text = |id: u32| tok.token_text(id).unwrap_or_default();
-        for i in 0..n.min(lp.token_ids.len()) {
-            let id = lp.token_ids[i];
-            let top = lp
-                .top
-                .get(i)
-                .map(|(values, ids)| {
-                    ids.iter()
-                        .zip(values)
-                        .map(|(&t, &v)| TopLogprob {
-                            token_id: t,
-                            token: text(t),
-                            bytes: None,
-                            logprob: v,
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            self.rows.push(TokenLogprob {
-                token_id: id,
-                token: text(id),
-                bytes: None,
-                logprob: lp.token_logprobs.get(i).copied().unwrap_or(f32::NAN),
-                top,
-            });
-        }
     }
 
     async fn send_head(
@@ -455,6 +582,42 @@ impl Output {
             return Attempt::ClientGone;
         }
         Attempt::EndedWithError(message.to_string())
+    }
+}
+
+fn router_stop(stop: &RouterStop) -> Option<MatchedStop<'_>> {
+    Some(match stop {
+        RouterStop::TokenId(t) => MatchedStop::TokenId(*t),
+        RouterStop::Text(s) => MatchedStop::Text(s),
+    })
+}
+
+fn fill_rows(tok: &Tokenizer, rows: &mut Vec<TokenLogprob>, lp: &OutputLogprobs, n: usize) {
+    let text = |id: u32| tok.token_text(id).unwrap_or_default();
+    for i in 0..n.min(lp.token_ids.len()) {
+        let id = lp.token_ids[i];
+        let top = lp
+            .top
+            .get(i)
+            .map(|(values, ids)| {
+                ids.iter()
+                    .zip(values)
+                    .map(|(&t, &v)| TopLogprob {
+                        token_id: t,
+                        token: text(t),
+                        bytes: None,
+                        logprob: v,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        rows.push(TokenLogprob {
+            token_id: id,
+            token: text(id),
+            bytes: None,
+            logprob: lp.token_logprobs.get(i).copied().unwrap_or(f32::NAN),
+            top,
+        });
     }
 }
 

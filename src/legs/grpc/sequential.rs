@@ -17,6 +17,7 @@ use super::build::{self, LegSpec, VllmHandoff};
 use super::engine::{Engine, Message};
 use super::leg::GrpcLeg;
 use super::prepare::Prepared;
+use super::relay::Source;
 use super::{leg_failed_to_start, relay_open_decode, stream_failed, Legs};
 use crate::config::defaults;
 use crate::ledger::{Handoff, Kind};
@@ -53,14 +54,25 @@ pub async fn attempt(
     let (gw, pair) = (legs.gw, legs.pair);
     let s = gw.settings();
     let connector = Connector::from_name(pair.prefill.kv_connector());
-    ctx.connector = Some(connector.mode_label());
+    // n > 1: the handoff is single-consumer, so none is made (the decode samples n itself and
+    // recomputes the prompt); counted as passthrough, the mode it runs in. The prefill leg still
+    // runs, untagged, and a Mooncake decode still gets the legacy bootstrap host and port.
+    let samples = p.gen.sampling.n > 1;
+    let mode = if samples {
+        Connector::Passthrough.mode_label()
+    } else {
+        connector.mode_label()
+    };
+    ctx.connector = Some(mode);
     METRICS
         .pd_kv_connector_mode
-        .with_label_values(&[connector.mode_label()])
+        .with_label_values(&[mode])
         .inc();
     let host = pair.prefill.address.host.clone();
     let port = pair.prefill.spec.bootstrap_port;
     let plan = match connector {
+        Connector::Mooncake if samples => Plan::Legacy,
+        _ if samples => Plan::Relay(None),
         Connector::Nixl => Plan::Relay(Some(vllm::NIXL_PREFILL_TAG.to_string())),
         Connector::Mooncake => match mooncake_engine_id(&pair.prefill) {
             Some(engine_id) => {
@@ -110,6 +122,7 @@ pub async fn attempt(
             request_id: &request_id,
             stream: false,
             dp_rank: legs.dp_rank(&pair.prefill),
+            sample: 0,
         },
         prefill_tag,
     );
@@ -158,6 +171,7 @@ pub async fn attempt(
 
     // 2. The decode's handoff.
     let decode_handoff = match plan {
+        Plan::Relay(_) if samples => VllmHandoff::None,
         Plan::Relay(tag) => match returned {
             Some(json) if json_object(&json) => VllmHandoff::Json(json),
             Some(_) => {
@@ -201,6 +215,7 @@ pub async fn attempt(
             request_id: &request_id,
             stream: p.gen.stream,
             dp_rank: legs.dp_rank(&pair.decode),
+            sample: 0,
         },
         decode_handoff,
     );
@@ -239,7 +254,7 @@ pub async fn attempt(
         pair.decode.record_leg(Some(reply.status));
         return Attempt::Refused(reply);
     }
-    let end = relay_open_decode(legs, session, ctx, p, &mut decode, dispatched).await;
+    let end = relay_open_decode(legs, session, ctx, p, Source::One(&mut decode), dispatched).await;
     drop(decode_in_flight);
     drop(handoff);
     end
