@@ -3,28 +3,13 @@
 //! however its decode leg ends; a client that leaves while waiting claims nothing; a prompt over
 //! the smaller context window of the two legs is refused before any leg goes out.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use mock_engine::{EngineKind, Fault, GrpcCode, MockEngine, MockEngineConfig, OutputVocab, Role};
-use pdgate_tokenize::fixture;
+use mock_engine::{EngineKind, Fault, GrpcCode, MockEngine, MockEngineConfig, Role};
 use serde_json::{json, Value};
 
+use crate::grpc_pd::{model_dir, vocab};
 use crate::harness::{metric_value, Gateway};
-
-fn model_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admission-model");
-        fixture::write_model_dir(&dir).expect("write the fixture model");
-        dir
-    })
-    .clone()
-}
-
-fn vocab() -> OutputVocab {
-    OutputVocab::range(256..256 + fixture::MERGES as u32, [fixture::IM_END_ID])
-}
 
 /// An SGLang gRPC pair whose decode runs `window` requests at once, emitting a token every
 /// `itl_ms`.

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::harness::Gateway;
 
 /// The fixture model's directory (written once per test binary).
-fn model_dir() -> PathBuf {
+pub(crate) fn model_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("grpc-model");
@@ -24,7 +24,7 @@ fn model_dir() -> PathBuf {
 }
 
 /// The ids the mocks emit: the fixture's merged tokens (readable text), EOS `<|im_end|>`.
-fn vocab() -> OutputVocab {
+pub(crate) fn vocab() -> OutputVocab {
     OutputVocab::range(256..256 + fixture::MERGES as u32, [fixture::IM_END_ID])
 }
 
@@ -46,24 +46,11 @@ async fn gateway(p: &MockEngine, d: &MockEngine) -> Gateway {
 
 /// What a single worker answers to `messages` (chat template + the fixture tokenizer).
 fn reference_text(e: &MockEngine, messages: &Value, max_tokens: usize) -> String {
-    let tok = Tokenizer::from_dir(model_dir()).unwrap();
-    let text = tok
-        .render_chat(&pdgate_tokenize::ChatInput {
-            messages: messages.as_array().unwrap(),
-            tools: None,
-            documents: None,
-            add_generation_prompt: true,
-            continue_final_message: false,
-            template_kwargs: None,
-        })
-        .unwrap();
-    let ids = tok.encode(&text, false).unwrap();
     let spec = mock_engine::fake_model::SamplingSpec {
         max_new_tokens: max_tokens,
         ..e.sampling_spec()
     };
-    let out = e.reference(&ids, &spec, None);
-    tok.decode(&out.token_ids, true).unwrap()
+    decode_ids(&e.reference(&chat_ids(messages), &spec, None).token_ids)
 }
 
 fn chat(max_tokens: usize, stream: bool) -> Value {
