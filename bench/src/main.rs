@@ -7,7 +7,8 @@
 //! * `prefix` — a shared-prefix multi-turn workload: the engines' prefix hit rate;
 //! * `share`  — a fixed number of requests: the share each engine served (a slow one first);
 //! * `policy` — the routing policies' micro-benchmark (`--features policy`);
-//! * `write-model` — the gRPC runs' model directory, and the token ids the gRPC mocks emit.
+//! * `write-model` — the gRPC runs' model directory, and the token ids the gRPC mocks emit;
+//! * `table`  — a result file's markdown again, or its targets side by side (`pivot`).
 //!
 //! Loopback only, every run bounded in seconds. See bench/README.md.
 
@@ -75,7 +76,8 @@ struct WriteModelArgs {
 
 #[derive(Args)]
 struct TableArgs {
-    /// `sweep`, `hold`, `prefix` or `share`.
+    /// `sweep`, `pivot` (a sweep's targets side by side, medians over rounds), `hold`, `prefix`
+    /// or `share`.
     kind: String,
     /// The JSON-lines file written with `--json`.
     file: PathBuf,
@@ -445,12 +447,13 @@ fn table(a: TableArgs) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", a.file.display()))?;
     let md = match a.kind.as_str() {
         "sweep" => report::sweep_table(&rows, &a.roles.roles()),
+        "pivot" => report::pivot_table(&rows, &a.roles.roles()),
         "hold" => hold::table(&rows),
         "prefix" => prefix::table(&rows),
         "share" => share::table(&rows),
         o => {
             return Err(format!(
-                "unknown table kind {o:?} (sweep | hold | prefix | share)"
+                "unknown table kind {o:?} (sweep | pivot | hold | prefix | share)"
             ))
         }
     };
