@@ -47,7 +47,8 @@ build_binaries() {
 
 # start_pdgate NAME PORT PREFILL_POLICY WORKERS_YAML [EXTRA_YAML]: writes $OUT/logs/NAME.yaml
 # (metrics on PORT+1, round_robin decode leg unless EXTRA_YAML — more `gateway:` lines, indented
-# two spaces — sets `decode_policy`) and runs pdgate on it until ready; sets GW_PID.
+# two spaces — sets `decode_policy`) and runs pdgate (GW_EXE, default $BIN/pdgate) on it until
+# ready; sets GW_PID.
 start_pdgate() {
   local name=$1 port=$2 prefill_policy=$3 workers=$4 extra=${5:-}
   port_free "$port" || die "port $port is busy (set PORT_BASE)"
@@ -71,7 +72,7 @@ $extra
   workers:
 $workers
 EOF
-  "$BIN/pdgate" run -c "$OUT/logs/$name.yaml" >"$OUT/logs/$name.log" 2>&1 &
+  "${GW_EXE:-$BIN/pdgate}" run -c "$OUT/logs/$name.yaml" >"$OUT/logs/$name.log" 2>&1 &
   GW_PID=$!
   PIDS+=("$GW_PID")
   wait_http "http://127.0.0.1:$port/readiness" || die "pdgate $name not ready (see $OUT/logs/$name.log)"

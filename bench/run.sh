@@ -11,13 +11,34 @@
 #     --host 127.0.0.1 --port {port} --prometheus-port {metrics_port} --policy round_robin
 #     --log-level warn' PEER_NAME=smg bench/run.sh
 #
-# Placeholders in PEER_CMD: {prefill} {bootstrap} {decode} (engine URLs / bootstrap port), {host}
-# {port} (where the peer must listen), {metrics_port} (a free port for its metrics listener).
+#   # the gRPC path: pdgate over HTTP and over gRPC, SMG over gRPC (see bench/README.md)
+#   MODES=grpc-canned STREAMS=0 CONCURRENCY=1,64 PROMPTS=1024 PEER_NAME=smg PEER_GRPC_CMD='smg
+#     launch --pd-disaggregation --prefill {prefill} {bootstrap} --decode {decode}
+#     --model-path {model_path} --host {host} --port {port} --prometheus-port {metrics_port}
+#     --policy round_robin --log-level warn' bench/run.sh
+#   # several pdgate builds in one run (an A/B), three rounds with the order reversed every other
+#   BIN_DIR=/tmp/pdgate-head PDGATE_ALT='before=/tmp/pdgate-before/pdgate' ROUNDS=3
+#     MODES=canned STREAM=off STREAMS=0 CONCURRENCY=1,64 PROMPTS=1024 bench/run.sh
+#
+# Placeholders in PEER_CMD / PEER_GRPC_CMD: {prefill} {bootstrap} {decode} (engine URLs — http://
+# or grpc:// — and the bootstrap port), {host} {port} (where the peer must listen), {metrics_port}
+# (a free port for its metrics listener), {model_path} (the model directory of the gRPC modes).
+#
+# Modes: canned, modeled (HTTP engines); grpc-canned, grpc-modeled: the same HTTP engines and
+# pdgate on them (target `pdgate-http`, and PEER_CMD's peer), plus two gRPC SGLang mocks with
+# pdgate on them (`pdgate-grpc`, the subject of the tables) and PEER_GRPC_CMD's peer
+# (`$PEER_NAME-grpc`, the tables' peer). The gateway tokenizes with a small model directory that
+# `pdgate-bench write-model` writes to MODEL_DIR, and the mocks emit that model's word pieces.
 #
 # Knobs (environment): QUICK, SKIP_BUILD=1, BIN_DIR (prebuilt binaries), CARGO_TARGET_DIR,
 # OUT (results dir), PORT_BASE (default 24000), DURATION / WARMUP (seconds per point),
-# CONCURRENCY, PROMPTS, MODES ("canned modeled"), STREAMS (open-stream run, default 10000; 0 skips),
-# HOLD_SECS, LOADGEN_THREADS, MAX_TOKENS, MODELED_TTFT_MS / MODELED_ITL_MS, HOLD_ITL_MS.
+# CONCURRENCY, PROMPTS, STREAM ("off,on"), MODES ("canned modeled"), ROUNDS (default 1: each
+# mode's sweep runs this many times, labelled MODE/rN, gateways in reverse order every other
+# round; sweep-MODE-pivot.md gives the medians), STREAMS (open-stream run, default 10000; 0
+# skips), HOLD_SECS, LOADGEN_THREADS, MAX_TOKENS, MODELED_TTFT_MS / MODELED_ITL_MS, HOLD_ITL_MS,
+# PDGATE_ALT ("NAME=PATH …": other pdgate binaries, each run with the same generated config on
+# the same HTTP engines as target NAME, right after pdgate; the first is the HTTP tables' peer
+# when there is no PEER_CMD), PEER_GRPC_CMD / PEER_GRPC_NAME, MODEL_DIR (default $OUT/model).
 #
 # Engines: three identical mock SGLang engines per mode, role `both` (they serve a PD leg body as
 # a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
@@ -35,6 +56,12 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BIN_DIR:-$CARGO_TARGET_DIR/release}
 PEER_CMD=${PEER_CMD:-}
 PEER_NAME=${PEER_NAME:-peer}
+PEER_GRPC_CMD=${PEER_GRPC_CMD:-}
+PEER_GRPC_NAME=${PEER_GRPC_NAME:-$PEER_NAME-grpc}
+PDGATE_ALT=${PDGATE_ALT:-}
+STREAM=${STREAM:-off,on}
+ROUNDS=${ROUNDS:-1}
+MODEL_DIR=${MODEL_DIR:-$OUT/model}
 LOADGEN_THREADS=${LOADGEN_THREADS:-2}
 MAX_TOKENS=${MAX_TOKENS:-16}
 MODELED_TTFT_MS=${MODELED_TTFT_MS:-20}
@@ -66,31 +93,53 @@ start_mock() {
   wait_http "http://127.0.0.1:$port/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
 }
 
-# start_pd_pdgate NAME PORT PREFILL_PORT BOOTSTRAP DECODE_PORT: pdgate on one prefill + one decode.
-start_pd_pdgate() {
-  start_pdgate "$1" "$2" round_robin \
-    "$(worker_yaml "http://127.0.0.1:$3" prefill "$4"; worker_yaml "http://127.0.0.1:$5" decode)"
+# start_grpc_mock NAME PORT CONTROL_PORT TTFT ITL: a `both` gRPC SGLang mock emitting the model
+# directory's word pieces (GRPC_OUTPUT_IDS, GRPC_EOS_ID); /mock/* on CONTROL_PORT; sets MOCK_PID.
+# It reports MODEL_DIR as its `tokenizer_path` (GetModelInfo), as an engine reports its model's:
+# SMG loads the tokenizer of a worker's served model from there (its --model-path registers the
+# tokenizer under the path's name, not the served model's), else from the Hugging Face hub or the
+# GetTokenizer RPC, which the mock does not serve.
+start_grpc_mock() {
+  local name=$1 port=$2 ctl=$3 ttft=$4 itl=$5
+  port_free "$port" || die "port $port is busy (set PORT_BASE)"
+  port_free "$ctl" || die "port $ctl is busy (set PORT_BASE)"
+  "$BIN/mock-engine" --transport grpc --engine sglang --role both --host 127.0.0.1 --port "$port" \
+    --control-port "$ctl" --output-ids "$GRPC_OUTPUT_IDS" --eos-ids "$GRPC_EOS_ID" \
+    --tokenizer-path "$MODEL_DIR" \
+    --ttft-ms "$ttft" --itl-ms "$itl" --max-model-len 1000000 --max-running-requests 100000 \
+    >"$OUT/logs/$name.log" 2>&1 &
+  MOCK_PID=$!
+  PIDS+=("$MOCK_PID")
+  wait_http "http://127.0.0.1:$ctl/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
 }
 
-# start_peer NAME PORT PREFILL_PORT BOOTSTRAP DECODE_PORT: sets PEER_PID (empty without PEER_CMD).
+# start_pd_pdgate NAME PORT PREFILL_URL BOOTSTRAP DECODE_URL [EXTRA_YAML]: pdgate on one prefill +
+# one decode (GW_EXE, when set, is the pdgate binary); sets GW_PID.
+start_pd_pdgate() {
+  start_pdgate "$1" "$2" round_robin \
+    "$(worker_yaml "$3" prefill "$4"; worker_yaml "$5" decode)" "${6:-}"
+}
+
+# start_peer NAME PORT PREFILL_URL BOOTSTRAP DECODE_URL CMD: sets PEER_PID (empty without CMD).
 start_peer() {
   PEER_PID=
-  [[ -n $PEER_CMD ]] || return 0
-  local name=$1 port=$2 pport=$3 boot=$4 dport=$5 cmd=$PEER_CMD
+  [[ -n ${6:-} ]] || return 0
+  local name=$1 port=$2 prefill=$3 boot=$4 decode=$5 cmd=$6
   port_free "$port" || die "port $port is busy (set PORT_BASE)"
-  cmd=${cmd//\{prefill\}/http://127.0.0.1:$pport}
+  cmd=${cmd//\{prefill\}/$prefill}
   cmd=${cmd//\{bootstrap\}/$boot}
-  cmd=${cmd//\{decode\}/http://127.0.0.1:$dport}
+  cmd=${cmd//\{decode\}/$decode}
   cmd=${cmd//\{host\}/127.0.0.1}
   cmd=${cmd//\{port\}/$port}
   cmd=${cmd//\{metrics_port\}/$((port + 1))}
+  cmd=${cmd//\{model_path\}/$MODEL_DIR}
   echo "$cmd" >"$OUT/logs/$name.cmd"
   bash -c "exec $cmd" >"$OUT/logs/$name.log" 2>&1 &
   PEER_PID=$!
   PIDS+=("$PEER_PID")
   wait_http "http://127.0.0.1:$port/v1/chat/completions" \
     '{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' \
-    || die "peer did not answer (see $OUT/logs/$name.log)"
+    || die "peer $name did not answer (see $OUT/logs/$name.log)"
 }
 
 # ---- build -----------------------------------------------------------------------------------
@@ -99,7 +148,14 @@ mkdir -p "$OUT/logs"
 # Many open streams need many descriptors: the gateway holds two per stream (client + decode).
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
-rm -f "$OUT/sweep.jsonl" "$OUT/hold.jsonl"
+rm -f "$OUT/sweep.jsonl" "$OUT/hold.jsonl" "$OUT"/sweep-*.jsonl
+case " $MODES " in
+  *" grpc-"*)
+    # The gateway's tokenizer and chat template; the gRPC mocks emit this model's word pieces.
+    model_line=$("$BIN/pdgate-bench" write-model "$MODEL_DIR") || die "pdgate-bench write-model failed"
+    read -r GRPC_OUTPUT_IDS GRPC_EOS_ID <<<"$model_line"
+    ;;
+esac
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -113,6 +169,9 @@ rm -f "$OUT/sweep.jsonl" "$OUT/hold.jsonl"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "settings: QUICK=$QUICK DURATION=$DURATION WARMUP=$WARMUP CONCURRENCY=$CONCURRENCY PROMPTS=$PROMPTS MODES='$MODES' MAX_TOKENS=$MAX_TOKENS LOADGEN_THREADS=$LOADGEN_THREADS"
   echo "peer: ${PEER_CMD:+$PEER_NAME: $PEER_CMD}"
+  echo "gRPC peer: ${PEER_GRPC_CMD:+$PEER_GRPC_NAME: $PEER_GRPC_CMD}"
+  [[ -z $PDGATE_ALT ]] || echo "other pdgate builds: $PDGATE_ALT"
+  echo "STREAM=$STREAM ROUNDS=$ROUNDS MODEL_DIR=$MODEL_DIR"
 } >"$OUT/env.txt"
 
 # ---- sweeps ----------------------------------------------------------------------------------
@@ -120,31 +179,79 @@ rm -f "$OUT/sweep.jsonl" "$OUT/hold.jsonl"
 offset=0
 for mode in $MODES; do
   case $mode in
-    canned) ttft=0 itl=0 ;;
-    modeled) ttft=$MODELED_TTFT_MS itl=$MODELED_ITL_MS ;;
-    *) die "unknown mode $mode (canned | modeled)" ;;
+    canned | grpc-canned) ttft=0 itl=0 ;;
+    modeled | grpc-modeled) ttft=$MODELED_TTFT_MS itl=$MODELED_ITL_MS ;;
+    *) die "unknown mode $mode (canned | modeled | grpc-canned | grpc-modeled)" ;;
   esac
-  base=$((PORT_BASE + offset)); offset=$((offset + 20))
+  grpc=0
+  [[ $mode == grpc-* ]] && grpc=1
+  base=$((PORT_BASE + offset)); offset=$((offset + 40))
   log "mode $mode: engines TTFT ${ttft} ms, ITL ${itl} ms"
+  http=http://127.0.0.1
   start_mock "$mode-direct" $((base + 1)) "$ttft" "$itl"; direct_pid=$MOCK_PID
   start_mock "$mode-prefill" $((base + 2)) "$ttft" "$itl"; prefill_pid=$MOCK_PID
   start_mock "$mode-decode" $((base + 3)) "$ttft" "$itl"; decode_pid=$MOCK_PID
-  start_pd_pdgate "$mode-pdgate" $((base + 10)) $((base + 2)) $((base + 4)) $((base + 3))
-  targets=(--target "direct=http://127.0.0.1:$((base + 1))"
-           --target "pdgate=http://127.0.0.1:$((base + 10)),pid=$GW_PID")
-  start_peer "$mode-$PEER_NAME" $((base + 12)) $((base + 2)) $((base + 4)) $((base + 3))
-  peer=()
-  if [[ -n $PEER_PID ]]; then
-    targets+=(--target "$PEER_NAME=http://127.0.0.1:$((base + 12)),pid=$PEER_PID")
-    peer=(--peer "$PEER_NAME")
+  watch=(--watch "direct=$direct_pid" --watch "prefill=$prefill_pid" --watch "decode=$decode_pid")
+  engines=(--engine "$http:$((base + 1))" --engine "$http:$((base + 2))" --engine "$http:$((base + 3))")
+  # The gateways, in the order they run at each point (direct always first).
+  gateways=()
+  subject=pdgate
+  [[ $grpc == 1 ]] && subject=pdgate-http
+  start_pd_pdgate "$mode-$subject" $((base + 10)) "$http:$((base + 2))" $((base + 4)) "$http:$((base + 3))"
+  gateways+=("$subject=$http:$((base + 10)),pid=$GW_PID")
+  alt_port=$((base + 20)) first_alt=
+  for alt in $PDGATE_ALT; do
+    [[ $alt == *=* ]] || die "PDGATE_ALT: want NAME=PATH, got $alt"
+    GW_EXE=${alt#*=} start_pd_pdgate "$mode-${alt%%=*}" $alt_port \
+      "$http:$((base + 2))" $((base + 4)) "$http:$((base + 3))"
+    gateways+=("${alt%%=*}=$http:$alt_port,pid=$GW_PID")
+    first_alt=${first_alt:-${alt%%=*}}
+    alt_port=$((alt_port + 2))
+  done
+  start_peer "$mode-$PEER_NAME" $((base + 12)) "$http:$((base + 2))" $((base + 4)) \
+    "$http:$((base + 3))" "$PEER_CMD"
+  [[ -z $PEER_PID ]] || gateways+=("$PEER_NAME=$http:$((base + 12)),pid=$PEER_PID")
+  peer=
+  if [[ -n $PEER_CMD ]]; then peer=$PEER_NAME; elif [[ -n $first_alt ]]; then peer=$first_alt; fi
+  if [[ $grpc == 1 ]]; then
+    # The prefill's bootstrap port is sent in the legs' disaggregated_params; a `both` mock
+    # ignores it (it answers a PD leg as a plain request), so nothing listens there.
+    start_grpc_mock "$mode-grpc-prefill" $((base + 5)) $((base + 7)) "$ttft" "$itl"
+    watch+=(--watch "grpc-prefill=$MOCK_PID")
+    start_grpc_mock "$mode-grpc-decode" $((base + 6)) $((base + 8)) "$ttft" "$itl"
+    watch+=(--watch "grpc-decode=$MOCK_PID")
+    engines+=(--engine "$http:$((base + 7))" --engine "$http:$((base + 8))")
+    start_pd_pdgate "$mode-pdgate-grpc" $((base + 14)) "grpc://127.0.0.1:$((base + 5))" \
+      $((base + 4)) "grpc://127.0.0.1:$((base + 6))" "  model_path: $MODEL_DIR"
+    gateways+=("pdgate-grpc=$http:$((base + 14)),pid=$GW_PID")
+    start_peer "$mode-$PEER_GRPC_NAME" $((base + 16)) "grpc://127.0.0.1:$((base + 5))" \
+      $((base + 4)) "grpc://127.0.0.1:$((base + 6))" "$PEER_GRPC_CMD"
+    [[ -z $PEER_PID ]] || gateways+=("$PEER_GRPC_NAME=$http:$((base + 16)),pid=$PEER_PID")
+    subject=pdgate-grpc
+    peer=
+    [[ -z $PEER_GRPC_CMD ]] || peer=$PEER_GRPC_NAME
   fi
-  "$BIN/pdgate-bench" --threads "$LOADGEN_THREADS" sweep "${targets[@]}" "${peer[@]}" \
-    --watch "direct=$direct_pid" --watch "prefill=$prefill_pid" --watch "decode=$decode_pid" \
-    --engine "http://127.0.0.1:$((base + 1))" --engine "http://127.0.0.1:$((base + 2))" \
-    --engine "http://127.0.0.1:$((base + 3))" \
-    --mode "$mode" --concurrency "$CONCURRENCY" --prompt-bytes "$PROMPTS" --stream off,on \
-    --max-tokens "$MAX_TOKENS" --duration "$DURATION" --warmup "$WARMUP" \
-    --json "$OUT/sweep.jsonl" --markdown "$OUT/sweep-$mode.md"
+  roles=(--subject "$subject")
+  [[ -z $peer ]] || roles+=(--peer "$peer")
+  for round in $(seq 1 "$ROUNDS"); do
+    label=$mode
+    [[ $ROUNDS == 1 ]] || label=$mode/r$round
+    order=("${gateways[@]}")
+    if (( round % 2 == 0 )); then
+      order=()
+      for ((i = ${#gateways[@]} - 1; i >= 0; i--)); do order+=("${gateways[i]}"); done
+    fi
+    targets=(--target "direct=$http:$((base + 1))")
+    for g in "${order[@]}"; do targets+=(--target "$g"); done
+    "$BIN/pdgate-bench" --threads "$LOADGEN_THREADS" sweep "${targets[@]}" "${roles[@]}" \
+      "${watch[@]}" "${engines[@]}" \
+      --mode "$label" --concurrency "$CONCURRENCY" --prompt-bytes "$PROMPTS" --stream "$STREAM" \
+      --max-tokens "$MAX_TOKENS" --duration "$DURATION" --warmup "$WARMUP" \
+      --json "$OUT/sweep-$mode.jsonl" --markdown /dev/null
+  done
+  "$BIN/pdgate-bench" table sweep "$OUT/sweep-$mode.jsonl" "${roles[@]}" >"$OUT/sweep-$mode.md"
+  "$BIN/pdgate-bench" table pivot "$OUT/sweep-$mode.jsonl" "${roles[@]}" >"$OUT/sweep-$mode-pivot.md"
+  cat "$OUT/sweep-$mode.jsonl" >>"$OUT/sweep.jsonl"
   cat "$OUT/sweep-$mode.md" >>"$OUT/sweep.md"
   stop_all
 done
@@ -158,17 +265,19 @@ if [[ $STREAMS -gt 0 ]]; then
     log "nofile hard limit $NOFILE fits $fit streams through a gateway, not $STREAMS: holding $fit"
     streams=$fit
   fi
-  base=$((PORT_BASE + 80))
+  base=$((PORT_BASE + 200))
   # The prefill leg finishes at once (ITL 0); the decode leg emits a token every HOLD_ITL_MS.
   tokens=$(( (60 * 1000) / HOLD_ITL_MS + 1 ))
   start_mock hold-prefill $((base + 2)) 0 0
   start_mock hold-decode $((base + 3)) 0 "$HOLD_ITL_MS"
-  start_pd_pdgate hold-pdgate $((base + 10)) $((base + 2)) $((base + 4)) $((base + 3))
+  start_pd_pdgate hold-pdgate $((base + 10)) "http://127.0.0.1:$((base + 2))" $((base + 4)) \
+    "http://127.0.0.1:$((base + 3))"
   log "holding $streams open streams through pdgate"
   "$BIN/pdgate-bench" --threads "$LOADGEN_THREADS" hold --url "http://127.0.0.1:$((base + 10))" \
     --pid "$GW_PID" --label pdgate --streams "$streams" --hold "$HOLD_SECS" \
     --max-tokens "$tokens" --open-timeout 30 --json "$OUT/hold.jsonl" --markdown "$OUT/hold-pdgate.md"
-  start_peer "hold-$PEER_NAME" $((base + 12)) $((base + 2)) $((base + 4)) $((base + 3))
+  start_peer "hold-$PEER_NAME" $((base + 12)) "http://127.0.0.1:$((base + 2))" $((base + 4)) \
+    "http://127.0.0.1:$((base + 3))" "$PEER_CMD"
   if [[ -n $PEER_PID ]]; then
     log "holding $streams open streams through $PEER_NAME"
     "$BIN/pdgate-bench" --threads "$LOADGEN_THREADS" hold --url "http://127.0.0.1:$((base + 12))" \
@@ -187,7 +296,7 @@ if python3 -c 'import matplotlib' 2>/dev/null; then
 else
   log "matplotlib not installed (pip install matplotlib): no plot"
 fi
-log "results: $OUT/sweep.md $OUT/hold.md $OUT/sweep.jsonl $OUT/env.txt"
-cat "$OUT/sweep.md"
+log "results: $OUT/sweep.md $OUT/sweep-*-pivot.md $OUT/hold.md $OUT/sweep.jsonl $OUT/env.txt"
+cat "$OUT/sweep.md" "$OUT"/sweep-*-pivot.md
 [[ -f $OUT/hold.md ]] && cat "$OUT/hold.md"
 exit 0

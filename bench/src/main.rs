@@ -6,7 +6,9 @@
 //! * `hold`   — thousands of open streams at once: the gateway's RSS per open stream;
 //! * `prefix` — a shared-prefix multi-turn workload: the engines' prefix hit rate;
 //! * `share`  — a fixed number of requests: the share each engine served (a slow one first);
-//! * `policy` — the routing policies' micro-benchmark (`--features policy`).
+//! * `policy` — the routing policies' micro-benchmark (`--features policy`);
+//! * `write-model` — the gRPC runs' model directory, and the token ids the gRPC mocks emit;
+//! * `table`  — a result file's markdown again, or its targets side by side (`pivot`).
 //!
 //! Loopback only, every run bounded in seconds. See bench/README.md.
 
@@ -61,11 +63,21 @@ enum Command {
     Policy(PolicyArgs),
     /// Re-render the markdown table of a JSON-lines result file.
     Table(TableArgs),
+    /// Write the gRPC runs' model directory; print the ids the mocks emit and the EOS id.
+    WriteModel(WriteModelArgs),
+}
+
+#[derive(Args)]
+struct WriteModelArgs {
+    /// Created if needed: tokenizer.json, tokenizer_config.json (ChatML), config.json,
+    /// generation_config.json.
+    dir: PathBuf,
 }
 
 #[derive(Args)]
 struct TableArgs {
-    /// `sweep`, `hold`, `prefix` or `share`.
+    /// `sweep`, `pivot` (a sweep's targets side by side, medians over rounds), `hold`, `prefix`
+    /// or `share`.
     kind: String,
     /// The JSON-lines file written with `--json`.
     file: PathBuf,
@@ -261,6 +273,7 @@ fn main() -> ExitCode {
         Command::Share(a) => rt.block_on(share_run(a)),
         Command::Policy(a) => policy(a),
         Command::Table(a) => table(a),
+        Command::WriteModel(a) => write_model(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -434,17 +447,47 @@ fn table(a: TableArgs) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", a.file.display()))?;
     let md = match a.kind.as_str() {
         "sweep" => report::sweep_table(&rows, &a.roles.roles()),
+        "pivot" => report::pivot_table(&rows, &a.roles.roles()),
         "hold" => hold::table(&rows),
         "prefix" => prefix::table(&rows),
         "share" => share::table(&rows),
         o => {
             return Err(format!(
-                "unknown table kind {o:?} (sweep | hold | prefix | share)"
+                "unknown table kind {o:?} (sweep | pivot | hold | prefix | share)"
             ))
         }
     };
     print!("{md}");
     Ok(())
+}
+
+/// Writes the fixture model directory and prints one line, `OUTPUT_IDS EOS_ID`: the ids of the
+/// model's whole lowercase word pieces (what `pdgate demo` has its gRPC engines emit, so the
+/// gateway detokenizes text that reads) and `<|im_end|>`, for `mock-engine --output-ids … --eos-ids …`.
+fn write_model(a: WriteModelArgs) -> Result<(), String> {
+    let (ids, eos) = model_dir(&a.dir)?;
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    println!("{} {eos}", ids.join(","));
+    Ok(())
+}
+
+fn model_dir(dir: &std::path::Path) -> Result<(Vec<u32>, u32), String> {
+    use pdgate_tokenize::fixture;
+    fixture::write_model_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tok =
+        pdgate_tokenize::Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ids: Vec<u32> = (256..256 + fixture::MERGES as u32)
+        .filter(|&id| {
+            tok.decode(&[id], true).is_ok_and(|t| {
+                let w = t.trim_start();
+                w.len() >= 2 && w.bytes().all(|b| b.is_ascii_lowercase())
+            })
+        })
+        .collect();
+    if ids.is_empty() {
+        return Err("the fixture model has no whole word pieces".into());
+    }
+    Ok((ids, fixture::IM_END_ID))
 }
 
 #[cfg(feature = "policy")]
@@ -468,4 +511,23 @@ fn policy(a: PolicyArgs) -> Result<(), String> {
 #[cfg(not(feature = "policy"))]
 fn policy(_: PolicyArgs) -> Result<(), String> {
     Err("built without the policy benchmark: cargo run --release -p pdgate-bench --features policy -- policy".into())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn model_dir_loads_and_its_word_pieces_decode_to_words() {
+        let dir = std::env::temp_dir().join(format!("pdgate-bench-model-{}", std::process::id()));
+        let (ids, eos) = super::model_dir(&dir).unwrap();
+        assert!(ids.len() >= 16, "{} word pieces", ids.len());
+        assert!(!ids.contains(&eos));
+        let tok = pdgate_tokenize::Tokenizer::from_dir(&dir).unwrap();
+        let text = tok.decode(&ids[..16], true).unwrap();
+        assert!(
+            text.bytes().all(|b| b == b' ' || b.is_ascii_lowercase()),
+            "{text:?}"
+        );
+        assert_eq!(tok.decode(&[eos], false).unwrap(), "<|im_end|>");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

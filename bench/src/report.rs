@@ -127,10 +127,181 @@ pub fn sweep_table(results: &[Value], roles: &Roles) -> String {
     out
 }
 
+/// A sweep's mode label without its round (`canned/r2` → `canned`): `run.sh` with `ROUNDS` > 1
+/// labels each round's points so, and the pivot takes medians over them.
+fn base_mode(row: &Value) -> &str {
+    let mode = row.get("mode").and_then(Value::as_str).unwrap_or("");
+    match mode.rsplit_once("/r") {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => mode,
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    Some(if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    })
+}
+
+/// One row per point (mode without its round, stream, prompt, c), the targets side by side in the
+/// order they first ran — req/s, p50 and gateway CPU per request of each, the median over rounds
+/// when a point ran more than once — and the subject's ratios to the peer.
+pub fn pivot_table(results: &[Value], roles: &Roles) -> String {
+    let mut targets: Vec<&str> = Vec::new();
+    let mut points: Vec<&Value> = Vec::new();
+    for r in results {
+        let t = r.get("target").and_then(Value::as_str).unwrap_or("?");
+        if !targets.contains(&t) {
+            targets.push(t);
+        }
+        if !points
+            .iter()
+            .any(|p| base_mode(p) == base_mode(r) && same_size_stream_c(p, r))
+        {
+            points.push(r);
+        }
+    }
+    let metric = |p: &Value, t: &str, key: &str| -> (Option<f64>, usize) {
+        let xs: Vec<f64> = results
+            .iter()
+            .filter(|o| {
+                o.get("target").and_then(Value::as_str) == Some(t)
+                    && base_mode(o) == base_mode(p)
+                    && same_size_stream_c(o, p)
+            })
+            .filter_map(|o| num(o, key))
+            .collect();
+        let n = xs.len();
+        (median(xs), n)
+    };
+    let mut out = String::from("| mode | stream | prompt | c | rounds |");
+    let mut rule = String::from("|---|---|---:|---:|---:|");
+    for t in &targets {
+        let _ = write!(out, " {t} req/s | {t} p50 ms | {t} gw CPU µs/req |");
+        rule.push_str("---:|---:|---:|");
+    }
+    let peer = roles.peer.filter(|p| targets.contains(p));
+    if let Some(peer) = peer {
+        let _ = write!(
+            out,
+            " {s} ÷ {peer} CPU/req | {s} ÷ {peer} req/s | {s} − {peer} p50 ms |",
+            s = roles.subject
+        );
+        rule.push_str("---:|---:|---:|");
+    }
+    out.push('\n');
+    out.push_str(&rule);
+    out.push('\n');
+    for p in points {
+        let stream = p.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let rounds = targets
+            .iter()
+            .map(|t| metric(p, t, "rps").1)
+            .max()
+            .unwrap_or(0);
+        let _ = write!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            base_mode(p),
+            if stream { "yes" } else { "no" },
+            size(num(p, "prompt_bytes").unwrap_or(0.0)),
+            p.get("concurrency").and_then(Value::as_u64).unwrap_or(0),
+            rounds,
+        );
+        for t in &targets {
+            let _ = write!(
+                out,
+                " {} | {} | {} |",
+                fmt(metric(p, t, "rps").0, 0),
+                fmt(metric(p, t, "p50_ms").0, 3),
+                fmt(metric(p, t, "gateway_cpu_us_per_req").0, 0),
+            );
+        }
+        if let Some(peer) = peer {
+            let (s, q) = (roles.subject, peer);
+            let cpu = ratio(
+                metric(p, s, "gateway_cpu_us_per_req").0,
+                metric(p, q, "gateway_cpu_us_per_req").0,
+            );
+            let rps = ratio(metric(p, s, "rps").0, metric(p, q, "rps").0);
+            let p50 = metric(p, s, "p50_ms")
+                .0
+                .zip(metric(p, q, "p50_ms").0)
+                .map(|(a, b)| a - b);
+            let _ = write!(
+                out,
+                " {} | {} | {} |",
+                fmt(cpu, 2),
+                fmt(rps, 2),
+                fmt(p50, 3)
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn same_size_stream_c(a: &Value, b: &Value) -> bool {
+    a.get("stream") == b.get("stream")
+        && a.get("concurrency") == b.get("concurrency")
+        && (num(a, "prompt_bytes").unwrap_or(0.0) / 1024.0).round()
+            == (num(b, "prompt_bytes").unwrap_or(0.0) / 1024.0).round()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn pivot_puts_targets_side_by_side_with_medians_over_rounds() {
+        let point = |mode: &str, t: &str, c: u64, rps: f64, cpu: Option<f64>| {
+            json!({"mode":mode,"stream":false,"prompt_bytes":1030,"concurrency":c,"target":t,
+                   "rps":rps,"p50_ms":1.0,"gateway_cpu_us_per_req":cpu,"errors":0})
+        };
+        let rows = vec![
+            point("canned/r1", "direct", 64, 9000.0, None),
+            point("canned/r1", "new", 64, 3000.0, Some(60.0)),
+            point("canned/r1", "old", 64, 3000.0, Some(50.0)),
+            point("canned/r2", "direct", 64, 9000.0, None),
+            point("canned/r2", "old", 64, 2000.0, Some(40.0)),
+            point("canned/r2", "new", 64, 2000.0, Some(50.0)),
+            point("canned/r3", "direct", 64, 9000.0, None),
+            point("canned/r3", "new", 64, 1000.0, Some(70.0)),
+            point("canned/r3", "old", 64, 1000.0, Some(60.0)),
+            point("canned/r1", "new", 1, 500.0, Some(90.0)),
+        ];
+        let t = pivot_table(
+            &rows,
+            &Roles {
+                subject: "new",
+                baseline: Some("direct"),
+                peer: Some("old"),
+            },
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(lines[0].starts_with("| mode | stream | prompt | c | rounds | direct req/s |"));
+        assert!(lines[0].contains("| new ÷ old CPU/req |"), "{}", lines[0]);
+        assert_eq!(
+            lines[2],
+            "| canned | no | 1 KB | 64 | 3 | 9000 | 1.000 | – | 2000 | 1.000 | 60 | 2000 | 1.000 | 50 | 1.20 | 1.00 | 0.000 |"
+        );
+        // A point only one target ran: the others' cells are empty, not zero.
+        assert_eq!(
+            lines[3],
+            "| canned | no | 1 KB | 1 | 1 | – | – | – | 500 | 1.000 | 90 | – | – | – | – | – | – |"
+        );
+        assert_eq!(base_mode(&json!({"mode": "grpc-canned"})), "grpc-canned");
+        assert_eq!(base_mode(&json!({"mode": "a/rx"})), "a/rx");
+    }
 
     #[test]
     fn subject_row_carries_ratios_to_direct_and_peer() {
