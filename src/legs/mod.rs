@@ -5,6 +5,7 @@
 //! → `prefill` (the background prefill leg) and `relay` (decode output to the client), all over
 //! `client` (HTTP/1.1 over Pingora's connector, idle connections parked in `pool`).
 
+pub mod admit;
 pub mod client;
 pub mod dispatch;
 pub mod grpc;

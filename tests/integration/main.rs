@@ -9,6 +9,7 @@ mod grpc_pd;
 mod grpc_workers;
 mod harness;
 mod hostile;
+mod http_admission;
 mod lifecycle;
 mod moriio;
 mod observability;
