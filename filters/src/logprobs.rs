@@ -43,7 +43,7 @@ pub fn prefill_input_logprobs(prefill_body: &[u8], is_sse: bool) -> Option<Prefi
             Some(PrefillLogprobs::Single(body[range].to_vec()))
         }
         Kind::Array if is_valid_json(body) => {
-            let items = element_ranges(body)?
+            let items = value::element_ranges(body)?
                 .into_iter()
                 .map(|item| {
                     let obj = &body[item];
@@ -76,7 +76,7 @@ pub fn merge_json(decode_body: &[u8], prefill: &PrefillLogprobs) -> Option<Vec<u
             Some(out)
         }
         (Kind::Array, PrefillLogprobs::Batch(ps)) if is_valid_json(trimmed) => {
-            let items = element_ranges(trimmed)?;
+            let items = value::element_ranges(trimmed)?;
             if items.len() != ps.len() {
                 return None;
             }
@@ -178,23 +178,6 @@ fn trim_json_whitespace(bytes: &[u8]) -> &[u8] {
         .rposition(|b| !is_ws(b))
         .map_or(start, |e| e + 1);
     &bytes[start..end]
-}
-
-/// Byte ranges of a JSON array's elements, relative to `array`.
-fn element_ranges(array: &[u8]) -> Option<Vec<Range<usize>>> {
-    let base = array.as_ptr() as usize;
-    let mut ranges = Vec::new();
-    let mut ok = true;
-    let walked = value::for_each_element(array, |el| {
-        match (el.as_ptr() as usize).checked_sub(base) {
-            Some(start) if start + el.len() <= array.len() => {
-                ranges.push(start..start + el.len());
-            }
-            _ => ok = false,
-        }
-        ok
-    });
-    (walked && ok).then_some(ranges)
 }
 
 /// Appends `a ++ b` for two JSON array texts, handling empty arrays and inner whitespace.
