@@ -7,7 +7,7 @@ use std::time::Instant;
 use pingora::proxy::Session;
 
 use super::request::PdRequest;
-use super::{admit, grpc, moriio, parallel, sequential};
+use super::{admit, fanout, grpc, moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
 use crate::ledger::Handoff;
@@ -66,6 +66,9 @@ async fn http_attempt(
     let mut slot = None;
     let outcome = if pair.prefill.runtime() == RuntimeType::Vllm {
         Box::pin(sequential::attempt(gw, session, ctx, req, pair, &mut slot)).await
+    } else if pdgate_filters::fanout::fans_out(req.route, &req.facts) {
+        // SGLang would put every sample in one room: one rendezvous per sample instead.
+        return Box::pin(fanout::attempt(gw, session, ctx, req, pair)).await;
     } else {
         Box::pin(parallel::attempt(gw, session, ctx, req, pair, &mut slot)).await
     };

@@ -8,6 +8,7 @@
 pub mod admit;
 pub mod client;
 pub mod dispatch;
+pub mod fanout;
 pub mod grpc;
 pub mod moriio;
 pub mod parallel;

@@ -38,7 +38,7 @@ const HOP_BY_HOP: &[&str] = &[
 
 /// After `data: [DONE]`, how long we wait for the engine to end its body before we end the
 /// client's response ourselves.
-const AFTER_DONE_GRACE: Duration = Duration::from_secs(2);
+pub const AFTER_DONE_GRACE: Duration = Duration::from_secs(2);
 
 /// How a relay ended.
 pub enum RelayEnd {
@@ -77,7 +77,7 @@ pub struct RelayPlan<'a> {
 /// The head of a streamed answer, built from the decode's: its status and headers minus
 /// hop-by-hop ones and its framing, as `text/event-stream` with chunked framing (Pingora's H1
 /// writer flushes every chunk then).
-fn stream_head(
+pub fn stream_head(
     decode: &ResponseHeader,
     status: u16,
     ctx: &RequestCtx,
@@ -207,7 +207,7 @@ pub async fn relay(
 /// A stream that cannot go on: one SSE error event (the gateway's error body: `timeout` for a
 /// stalled or over-long stream, `decode_request_failed` for a broken one), then the end of the
 /// chunked body, so SSE clients see why and HTTP clients a complete response.
-async fn end_stream_with_error(
+pub async fn end_stream_with_error(
     session: &mut Session,
     ctx: &mut RequestCtx,
     e: &LegError,
@@ -234,7 +234,7 @@ async fn end_stream_with_error(
 }
 
 /// Resolves when the watched prefill failed; never when there is nothing to watch.
-async fn prefill_failed(watch: &mut Option<PrefillWatch>) {
+pub async fn prefill_failed(watch: &mut Option<PrefillWatch>) {
     match watch {
         Some(w) => w.failed().await,
         None => std::future::pending().await,

@@ -5,6 +5,7 @@ mod admission;
 mod chaos;
 mod cli;
 mod engine_wire;
+mod fanout;
 mod grpc_pd;
 mod grpc_workers;
 mod harness;
