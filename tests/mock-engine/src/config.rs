@@ -296,6 +296,9 @@ pub struct MockEngineConfig {
     /// for a running slot before it generates (SGLang's decode holds the transferred KV in its
     /// waiting queue meanwhile). Off by default: the mock runs everything at once.
     pub enforce_running_window: bool,
+    /// `/get_server_info` carries `max_running_requests` (off: `null`, as an SGLang whose
+    /// report names no window).
+    pub report_running_window: bool,
 }
 
 impl Default for MockEngineConfig {
@@ -349,6 +352,7 @@ impl Default for MockEngineConfig {
             record_limit: 10_000,
             sample_from_request_id: false,
             enforce_running_window: false,
+            report_running_window: true,
         }
     }
 }
