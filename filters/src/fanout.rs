@@ -310,7 +310,7 @@ pub fn sample_event(route: Route, event: &[u8], n: u64, sample: u64) -> SampleEv
         }
     };
     match json {
-        Some(json) => SampleEvent::Forward(as_event(&json)),
+        Some(json) => SampleEvent::Forward(sse::data_event(&json)),
         None => SampleEvent::Forward(event.to_vec()),
     }
 }
@@ -319,19 +319,7 @@ pub fn sample_event(route: Route, event: &[u8], n: u64, sample: u64) -> SampleEv
 /// replaced by the merge of every sample's (`None`: some usage could not be read).
 pub fn usage_chunk(chunk: &[u8], usage: Range<usize>, usages: &[&[u8]]) -> Option<Vec<u8>> {
     let merged = merge_usage(usages)?;
-    Some(as_event(&splice(chunk, vec![(usage, merged)])))
-}
-
-/// `data: <json>\n\n`, on one line.
-fn as_event(json: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(json.len() + 8);
-    out.extend_from_slice(b"data: ");
-    out.extend(
-        json.iter()
-            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
-    );
-    out.extend_from_slice(b"\n\n");
-    out
+    Some(sse::data_event(&splice(chunk, vec![(usage, merged)])))
 }
 
 #[cfg(test)]

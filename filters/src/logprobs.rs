@@ -130,16 +130,8 @@ pub fn merge_event(event: &[u8], prefill: &PrefillLogprobs) -> Option<Vec<u8>> {
     json.extend_from_slice(&data[..r.start]);
     concat_arrays(&mut json, p, &data[r.clone()]);
     json.extend_from_slice(&data[r.end..]);
-    let mut out = Vec::with_capacity(json.len() + 8);
-    out.extend_from_slice(b"data: ");
-    // Multi-line data was joined with '\n'; outside strings that is JSON whitespace, and the
-    // re-emitted event must stay on one `data:` line.
-    out.extend(
-        json.iter()
-            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
-    );
-    out.extend_from_slice(b"\n\n");
-    Some(out)
+    // Multi-line data was joined with '\n'; the re-emitted event stays on one `data:` line.
+    Some(sse::data_event(&json))
 }
 
 /// Scans a JSON object and finds its `meta_info.input_token_logprobs` array; the range is

@@ -13,14 +13,14 @@ use bytes::{Bytes, BytesMut};
 use futures::stream::{FuturesUnordered, StreamExt};
 use pdgate_filters::errors::ErrorCode;
 use pdgate_filters::fanout::{self, SampleEvent};
-use pdgate_filters::handoff::sglang::{self, BootstrapTarget, DpRanks, Leg};
+use pdgate_filters::handoff::sglang::{self, DpRanks, Leg};
 use pdgate_filters::logprobs::{merge_event, merge_json, PrefillLogprobs};
 use pdgate_filters::sse::SseSplitter;
 use pingora::proxy::Session;
 
 use super::client::{LegError, LegErrorKind, OpenLeg};
 use super::dispatch::Attempt;
-use super::parallel::{self, open_sample, OpenSample, PdLabels, SampleLegs};
+use super::parallel::{self, open_sample, OpenSample, PdLabels, Rendezvous, SampleLegs};
 use super::prefill::PrefillWatch;
 use super::relay;
 use super::request::PdRequest;
@@ -42,23 +42,11 @@ pub async fn attempt(
 ) -> Attempt {
     let s = gw.settings();
     let n = req.facts.n;
-    let dp_place = if s.dp_aware {
-        pair.prefill.address.dp_rank.zip(pair.prefill.spec.dp_size)
-    } else {
-        None
-    };
-    let target = BootstrapTarget {
-        host: &pair.prefill.address.host,
-        port: pair.prefill.spec.bootstrap_port,
-    };
-    let dp = if s.dp_aware {
-        DpRanks {
-            prefill: pair.prefill.address.dp_rank,
-            decode: pair.decode.address.dp_rank,
-        }
-    } else {
-        DpRanks::default()
-    };
+    let Rendezvous {
+        dp_place,
+        target,
+        dp,
+    } = Rendezvous::of(s.dp_aware, pair);
     let labels = PdLabels::new(ctx, pair);
     let mut handoffs: Vec<Arc<Handoff>> = Vec::new();
     let mut opening = FuturesUnordered::new();
@@ -263,18 +251,7 @@ impl Run<'_> {
                 }
                 Next::Chunk(Err(e)) => {
                     self.pair.decode.record_leg(None);
-                    let reply = if e.kind == LegErrorKind::Timeout {
-                        Reply::error(
-                            ErrorCode::Timeout,
-                            format!("sample {j}: the decode answer did not complete: {e}"),
-                        )
-                    } else {
-                        Reply::error(
-                            ErrorCode::ReadResponseFailed,
-                            format!("sample {j}: Failed to read response: {e}"),
-                        )
-                    };
-                    return Attempt::Refused(reply.retryable(true));
+                    return Attempt::Refused(relay::unread_answer(&e));
                 }
                 Next::PrefillFailed => {
                     return Attempt::Refused(parallel::prefill_failed_after_head())

@@ -79,6 +79,39 @@ mod tests {
     }
 }
 
+/// Where an attempt's rendezvous happens: the prefill's bootstrap server, and under `--dp-aware`
+/// the ranks both legs carry and the (rank, size) its rooms must land on.
+pub struct Rendezvous<'a> {
+    pub dp_place: Option<(u32, u32)>,
+    pub target: BootstrapTarget<'a>,
+    pub dp: DpRanks,
+}
+
+impl<'a> Rendezvous<'a> {
+    pub fn of(dp_aware: bool, pair: &'a Pair) -> Rendezvous<'a> {
+        let (p, d) = (&pair.prefill, &pair.decode);
+        Rendezvous {
+            dp_place: if dp_aware {
+                p.address.dp_rank.zip(p.spec.dp_size)
+            } else {
+                None
+            },
+            target: BootstrapTarget {
+                host: &p.address.host,
+                port: p.spec.bootstrap_port,
+            },
+            dp: if dp_aware {
+                DpRanks {
+                    prefill: p.address.dp_rank,
+                    decode: d.address.dp_rank,
+                }
+            } else {
+                DpRanks::default()
+            },
+        }
+    }
+}
+
 /// Maps a transport failure on either leg (nothing usable came back).
 pub fn transport_refusal(leg: &str, e: &LegError) -> Reply {
     if e.kind == LegErrorKind::Timeout {
@@ -103,31 +136,16 @@ pub async fn attempt(
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
     let s = gw.settings();
-    let dp_place = if s.dp_aware {
-        pair.prefill.address.dp_rank.zip(pair.prefill.spec.dp_size)
-    } else {
-        None
-    };
+    let Rendezvous {
+        dp_place,
+        target,
+        dp,
+    } = Rendezvous::of(s.dp_aware, pair);
     let rooms = mint_rooms(req.facts.batch, dp_place);
     ctx.room = Some(match &rooms {
         Rooms::Single(r) => *r,
         Rooms::Batch(v) => v.first().copied().unwrap_or(0),
     });
-    let target = BootstrapTarget {
-        host: &pair.prefill.address.host,
-        port: pair.prefill.spec.bootstrap_port,
-    };
-    let dp = if s.dp_aware {
-        DpRanks {
-            prefill: pair.prefill.address.dp_rank,
-            decode: pair.decode.address.dp_rank,
-        }
-    } else {
-        DpRanks {
-            prefill: None,
-            decode: None,
-        }
-    };
     let prefill_body = Bytes::from(sglang::leg_body(
         &req.body,
         &req.top,

@@ -282,20 +282,7 @@ async fn relay_whole(
     };
     let body = match body {
         Ok(b) => b,
-        Err(e) => {
-            let reply = if e.kind == LegErrorKind::Timeout {
-                Reply::error(
-                    ErrorCode::Timeout,
-                    format!("the decode answer did not complete: {e}"),
-                )
-            } else {
-                Reply::error(
-                    ErrorCode::ReadResponseFailed,
-                    format!("Failed to read response: {e}"),
-                )
-            };
-            return (RelayEnd::NotSent(reply.retryable(true)), None);
-        }
+        Err(e) => return (RelayEnd::NotSent(unread_answer(&e)), None),
     };
     let reply = match plan.logprobs {
         Some(lp) => {
@@ -337,6 +324,23 @@ async fn relay_whole(
         Ok(()) => (RelayEnd::Complete, Some(leg)),
         Err(_) => (RelayEnd::ClientGone, None),
     }
+}
+
+/// The answer when a non-streamed decode body could not be read whole (nothing went to the
+/// client, so the attempt may be retried): 504 `timeout` or 500 `read_response_failed`.
+pub fn unread_answer(e: &LegError) -> Reply {
+    let reply = if e.kind == LegErrorKind::Timeout {
+        Reply::error(
+            ErrorCode::Timeout,
+            format!("the decode answer did not complete: {e}"),
+        )
+    } else {
+        Reply::error(
+            ErrorCode::ReadResponseFailed,
+            format!("Failed to read response: {e}"),
+        )
+    };
+    reply.retryable(true)
 }
 
 /// Relays the decode leg of `pair` to the client (any dispatch mode) and accounts for it: the
