@@ -161,11 +161,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     ),
     pd_admission_waits: counter(
         "smg_pd_admission_waits_total",
-        "gRPC dispatches admitted after waiting for a decode slot (always 0 over HTTP)",
+        "PD dispatches admitted after waiting for a decode slot",
     ),
     pd_admission_sheds: counter(
         "smg_pd_admission_sheds_total",
-        "gRPC dispatches shed at the decode admission window (always 0 over HTTP)",
+        "PD dispatches shed at the decode admission window",
     ),
     worker_selection: counter_vec(
         "smg_worker_selection_total",

@@ -22,6 +22,9 @@ pub const MAX_N: u64 = 1024;
 /// host/port in both legs; the cap keeps that amplification bounded for hostile bodies.
 pub const MAX_BATCH: usize = 65_536;
 
+/// The field `n` is read from on `/generate`, as error messages name it.
+const SAMPLING_PARAMS_N: &str = "sampling_params.n";
+
 /// What the gateway needs to know about a PD request before choosing workers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestFacts {
@@ -29,7 +32,7 @@ pub struct RequestFacts {
     pub model: Option<String>,
     /// Top-level `stream == true`.
     pub stream: bool,
-    /// Top-level `n`, default 1.
+    /// Samples per prompt: top-level `n` (`/generate`: `sampling_params.n`), default 1.
     pub n: u64,
     /// Items needing their own bootstrap room, when the request is a batch (see [`classify`]).
     pub batch: Option<usize>,
@@ -39,6 +42,20 @@ pub struct RequestFacts {
     pub request_id: Option<String>,
     /// The output-cap field the client used, for the route (see [`cap_field`]).
     pub max_tokens_field: Option<&'static str>,
+}
+
+impl RequestFacts {
+    /// How many sequences the decode engine runs for this request — the admission slots it
+    /// claims: `n` per prompt (chat: one prompt; completions and `/generate`: one per batch
+    /// item); one for the other routes.
+    pub fn decode_sequences(&self, route: Route) -> usize {
+        let n = usize::try_from(self.n).unwrap_or(usize::MAX).max(1);
+        match route {
+            Route::ChatCompletions => n,
+            Route::Completions | Route::Generate => self.batch.unwrap_or(1).saturating_mul(n),
+            _ => 1,
+        }
+    }
 }
 
 /// A field the gateway reads has the wrong JSON type or range. Answered with 400.
@@ -102,12 +119,20 @@ fn read_facts(route: Route, body: &[u8], top: &TopLevel) -> Result<RequestFacts,
     };
     let stream = read_bool(get(fields::STREAM), fields::STREAM)?.unwrap_or(false);
     // `n: 0` asks for no sample at all; engines refuse it (OpenAI's range starts at 1).
-    let n = match get(fields::N) {
-        None => 1,
+    let read_n = |raw: Option<&[u8]>, field| match raw {
+        None => Ok(1),
         Some(raw) => value::as_u64(raw)
             .filter(|n| (1..=MAX_N).contains(n))
-            .ok_or_else(|| wrong(fields::N, "an integer between 1 and 1024"))?,
+            .ok_or_else(|| wrong(field, "an integer between 1 and 1024")),
     };
+    let mut n = read_n(get(fields::N), fields::N)?;
+    // `/generate` takes its sampling parameters in one object (SGLang's `sampling_params.n`).
+    if route == Route::Generate {
+        let sp_n = get(fields::SAMPLING_PARAMS)
+            .and_then(|sp| value::object_get(sp, fields::N))
+            .filter(|raw| *raw != b"null");
+        n = read_n(sp_n, SAMPLING_PARAMS_N)?;
+    }
 
     let batch = match route {
         Route::Generate => generate_batch(get(fields::INPUT_IDS), get(fields::TEXT))?,
@@ -324,6 +349,39 @@ mod tests {
         }
         assert_eq!(ok(Route::ChatCompletions, r#"{"n":1024}"#).n, 1024);
         assert_eq!(ok(Route::ChatCompletions, r#"{"n":1}"#).n, 1);
+    }
+
+    #[test]
+    fn generate_reads_n_from_its_sampling_params() {
+        assert_eq!(ok(Route::Generate, r#"{"sampling_params":{"n":3}}"#).n, 3);
+        assert_eq!(ok(Route::Generate, r#"{"n":3,"sampling_params":{}}"#).n, 1);
+        assert_eq!(
+            ok(Route::Generate, r#"{"sampling_params":{"n":null}}"#).n,
+            1
+        );
+        assert_eq!(
+            err(Route::Generate, r#"{"sampling_params":{"n":0}}"#),
+            "field `sampling_params.n` must be an integer between 1 and 1024"
+        );
+    }
+
+    #[test]
+    fn decode_sequences_count_every_sample_of_every_prompt() {
+        let seqs = |route, body| ok(route, body).decode_sequences(route);
+        assert_eq!(seqs(Route::ChatCompletions, r#"{"n":4}"#), 4);
+        assert_eq!(seqs(Route::ChatCompletions, "{}"), 1);
+        assert_eq!(seqs(Route::Completions, r#"{"prompt":"a","n":3}"#), 3);
+        assert_eq!(seqs(Route::Completions, r#"{"prompt":["a","b"],"n":3}"#), 6);
+        assert_eq!(seqs(Route::Completions, r#"{"prompt":["a","b"]}"#), 2);
+        assert_eq!(
+            seqs(
+                Route::Generate,
+                r#"{"text":["a","b"],"sampling_params":{"n":2}}"#
+            ),
+            4
+        );
+        assert_eq!(seqs(Route::Generate, r#"{"input_ids":[[1],[2],[3]]}"#), 3);
+        assert_eq!(seqs(Route::Messages, r#"{"n":5}"#), 1);
     }
 
     #[test]

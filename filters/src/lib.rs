@@ -11,6 +11,7 @@
 pub mod body;
 pub mod classify;
 pub mod errors;
+pub mod fanout;
 pub mod fields;
 pub mod framing;
 pub mod handoff;

@@ -43,7 +43,7 @@ pub fn prefill_input_logprobs(prefill_body: &[u8], is_sse: bool) -> Option<Prefi
             Some(PrefillLogprobs::Single(body[range].to_vec()))
         }
         Kind::Array if is_valid_json(body) => {
-            let items = element_ranges(body)?
+            let items = value::element_ranges(body)?
                 .into_iter()
                 .map(|item| {
                     let obj = &body[item];
@@ -76,7 +76,7 @@ pub fn merge_json(decode_body: &[u8], prefill: &PrefillLogprobs) -> Option<Vec<u
             Some(out)
         }
         (Kind::Array, PrefillLogprobs::Batch(ps)) if is_valid_json(trimmed) => {
-            let items = element_ranges(trimmed)?;
+            let items = value::element_ranges(trimmed)?;
             if items.len() != ps.len() {
                 return None;
             }
@@ -130,16 +130,8 @@ pub fn merge_event(event: &[u8], prefill: &PrefillLogprobs) -> Option<Vec<u8>> {
     json.extend_from_slice(&data[..r.start]);
     concat_arrays(&mut json, p, &data[r.clone()]);
     json.extend_from_slice(&data[r.end..]);
-    let mut out = Vec::with_capacity(json.len() + 8);
-    out.extend_from_slice(b"data: ");
-    // Multi-line data was joined with '\n'; outside strings that is JSON whitespace, and the
-    // re-emitted event must stay on one `data:` line.
-    out.extend(
-        json.iter()
-            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
-    );
-    out.extend_from_slice(b"\n\n");
-    Some(out)
+    // Multi-line data was joined with '\n'; the re-emitted event stays on one `data:` line.
+    Some(sse::data_event(&json))
 }
 
 /// Scans a JSON object and finds its `meta_info.input_token_logprobs` array; the range is
@@ -178,23 +170,6 @@ fn trim_json_whitespace(bytes: &[u8]) -> &[u8] {
         .rposition(|b| !is_ws(b))
         .map_or(start, |e| e + 1);
     &bytes[start..end]
-}
-
-/// Byte ranges of a JSON array's elements, relative to `array`.
-fn element_ranges(array: &[u8]) -> Option<Vec<Range<usize>>> {
-    let base = array.as_ptr() as usize;
-    let mut ranges = Vec::new();
-    let mut ok = true;
-    let walked = value::for_each_element(array, |el| {
-        match (el.as_ptr() as usize).checked_sub(base) {
-            Some(start) if start + el.len() <= array.len() => {
-                ranges.push(start..start + el.len());
-            }
-            _ => ok = false,
-        }
-        ok
-    });
-    (walked && ok).then_some(ranges)
 }
 
 /// Appends `a ++ b` for two JSON array texts, handling empty arrays and inner whitespace.

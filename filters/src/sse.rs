@@ -216,6 +216,19 @@ pub fn event_data(event: &[u8]) -> Option<Cow<'_, [u8]>> {
     Some(Cow::Owned(joined))
 }
 
+/// `data: <json>\n\n` on one `data:` line: line breaks in the JSON (whitespace outside its
+/// strings, where JSON allows none) become spaces.
+pub fn data_event(json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len() + 8);
+    out.extend_from_slice(b"data: ");
+    out.extend(
+        json.iter()
+            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+    );
+    out.extend_from_slice(b"\n\n");
+    out
+}
+
 /// Whether an event is the terminal `data: [DONE]`.
 pub fn is_done_event(event: &[u8]) -> bool {
     event_data(event).as_deref() == Some(DONE)

@@ -150,6 +150,23 @@ pub fn for_each_element(raw: &[u8], each: impl FnMut(&[u8]) -> bool) -> bool {
     de.deserialize_seq(EachVisitor { each }).unwrap_or(false)
 }
 
+/// Byte ranges of a JSON array's elements, relative to `array`; `None` if it is not an array.
+pub fn element_ranges(array: &[u8]) -> Option<Vec<std::ops::Range<usize>>> {
+    let base = array.as_ptr() as usize;
+    let mut ranges = Vec::new();
+    let mut ok = true;
+    let walked = for_each_element(array, |el| {
+        match (el.as_ptr() as usize).checked_sub(base) {
+            Some(start) if start + el.len() <= array.len() => {
+                ranges.push(start..start + el.len());
+            }
+            _ => ok = false,
+        }
+        ok
+    });
+    (walked && ok).then_some(ranges)
+}
+
 /// Calls `each` once per element of a JSON array, in order, with the raw value of the
 /// element's member `key` (last duplicate wins), or `None` when the element is not an object or
 /// has no such member. One pass over the array. `false` if `raw` is not an array or `each`

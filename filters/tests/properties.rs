@@ -4,6 +4,7 @@
 
 use pdgate_filters::body::{rewrite, scan_object, BodyError};
 use pdgate_filters::classify::classify;
+use pdgate_filters::fanout;
 use pdgate_filters::framing::{BodyDecoder, Framing};
 use pdgate_filters::handoff::moriio;
 use pdgate_filters::handoff::sglang::{self, BootstrapTarget, DpRanks, Leg, Rooms};
@@ -812,5 +813,57 @@ proptest! {
             verdict(route, &with_unknown), Err(field.name), "{}",
             String::from_utf8_lossy(&with_unknown)
         );
+    }
+}
+
+/// The data of a forwarded merged-stream event, as JSON.
+fn forwarded_json(e: fanout::SampleEvent) -> Option<Value> {
+    match e {
+        fanout::SampleEvent::Forward(b) => {
+            let text = String::from_utf8(b).ok()?;
+            serde_json::from_str(text.strip_prefix("data: ")?.trim_end()).ok()
+        }
+        _ => None,
+    }
+}
+
+proptest! {
+    /// A sample's stream event reaches the merged stream with only its choice indices changed.
+    #[test]
+    fn fanout_events_change_only_their_indices(
+        content in arb_json(), index in 0u64..8, n in 1u64..6, sample in 0u64..6,
+    ) {
+        let sample = sample % n;
+        let chunk = serde_json::json!({"id": "c", "choices": [{"index": index, "delta": content}], "usage": null});
+        let event = format!("data: {chunk}\n\n");
+        let got = forwarded_json(fanout::sample_event(Route::ChatCompletions, event.as_bytes(), n, sample));
+        let mut want = chunk.clone();
+        want["choices"][0]["index"] = (index * n + sample).into();
+        prop_assert_eq!(got, Some(want));
+    }
+
+    /// Merged answers hold every sample's choices once, indexed 0.., and sum their completions.
+    #[test]
+    fn fanout_answers_keep_every_choice_and_sum_completions(
+        completions in prop::collection::vec(0u64..1000, 1..6), prompt in 0u64..1000,
+    ) {
+        let bodies: Vec<Vec<u8>> = completions.iter().enumerate().map(|(j, c)| {
+            serde_json::json!({"choices": [{"index": 0, "text": format!("s{j}")}],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": c, "total_tokens": prompt + c}})
+                .to_string().into_bytes()
+        }).collect();
+        let refs: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
+        let merged: Value = serde_json::from_slice(&fanout::merge_answers(Route::Completions, &refs).unwrap()).unwrap();
+        let choices = merged["choices"].as_array().unwrap();
+        prop_assert_eq!(choices.len(), completions.len());
+        for (k, c) in choices.iter().enumerate() {
+            prop_assert_eq!(c["index"].as_u64(), Some(k as u64));
+            let text = format!("s{k}");
+            prop_assert_eq!(c["text"].as_str(), Some(text.as_str()));
+        }
+        let sum: u64 = completions.iter().sum();
+        prop_assert_eq!(merged["usage"]["completion_tokens"].as_u64(), Some(sum));
+        prop_assert_eq!(merged["usage"]["prompt_tokens"].as_u64(), Some(prompt));
+        prop_assert_eq!(merged["usage"]["total_tokens"].as_u64(), Some(prompt + sum));
     }
 }

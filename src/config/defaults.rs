@@ -84,7 +84,7 @@ pub const ROUTING_KEY_MAX_BYTES: usize = 128;
 
 /// SMG [D]: `--pd-pairing-mode`.
 pub const PD_PAIRING_MODE: &str = "lenient";
-/// SMG [D]: `--pd-admission-wait-secs` (gRPC only).
+/// SMG [D]: `--pd-admission-wait-secs` (gRPC there; pdgate gates HTTP decodes too).
 pub const PD_ADMISSION_WAIT_SECS: u64 = 30;
 
 // ---- Load monitoring and overload ---------------------------------------------------------------

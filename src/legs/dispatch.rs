@@ -7,7 +7,7 @@ use std::time::Instant;
 use pingora::proxy::Session;
 
 use super::request::PdRequest;
-use super::{grpc, moriio, parallel, sequential};
+use super::{admit, fanout, grpc, moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
 use crate::ledger::Handoff;
@@ -15,7 +15,7 @@ use crate::metrics::{METRICS, UNKNOWN_MODEL};
 use crate::policy::RoutingInput;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply};
-use crate::workers::select::{select_pair, SelectError};
+use crate::workers::select::{select_pair, Pair, SelectError};
 
 /// How one attempt ended.
 pub enum Attempt {
@@ -46,6 +46,36 @@ pub enum Served {
     Answered,
     /// The connection must be closed without finishing the response.
     Abort(String),
+}
+
+/// One attempt over HTTP legs, in the dispatch mode of the pair.
+async fn http_attempt(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &PdRequest,
+    pair: &Pair,
+) -> Attempt {
+    // A MoRI-IO decode decides the path (it cannot recompute, so it never falls back); otherwise
+    // the prefill's runtime picks the dispatch mode. A MoRI-IO prefill paired with anything else
+    // is refused there too ("a leg that is not a MoRIIOConnector worker"), rather than silently
+    // running passthrough.
+    if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
+        return Box::pin(moriio::attempt(gw, session, ctx, req, pair)).await;
+    }
+    let mut slot = None;
+    let outcome = if pair.prefill.runtime() == RuntimeType::Vllm {
+        Box::pin(sequential::attempt(gw, session, ctx, req, pair, &mut slot)).await
+    } else if pdgate_filters::fanout::fans_out(req.route, &req.facts) {
+        // SGLang would put every sample in one room: one rendezvous per sample instead.
+        return Box::pin(fanout::attempt(gw, session, ctx, req, pair)).await;
+    } else {
+        Box::pin(parallel::attempt(gw, session, ctx, req, pair, &mut slot)).await
+    };
+    match slot {
+        Some(handoff) => outcome.settle(&handoff),
+        None => outcome,
+    }
 }
 
 pub async fn serve(
@@ -91,10 +121,6 @@ pub async fn serve(
                 ctx.pair = Some(pair.clone());
                 (ctx.room, ctx.transfer_id, ctx.connector) = (None, None, None);
                 drop(snap);
-                // A MoRI-IO decode decides the path (it cannot recompute, so it never falls back);
-                // otherwise the prefill's runtime picks the dispatch mode.
-                // A MoRI-IO prefill paired with anything else is refused there too ("a leg that
-                // is not a MoRIIOConnector worker"), rather than silently running passthrough.
                 if pair.prefill.is_grpc() {
                     let mut slot = None;
                     let outcome = Box::pin(grpc::attempt(
@@ -111,21 +137,13 @@ pub async fn serve(
                         Some(handoff) => outcome.settle(&handoff),
                         None => outcome,
                     }
-                } else if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
-                    Box::pin(moriio::attempt(gw, session, ctx, &req, &pair)).await
                 } else {
-                    let mut slot = None;
-                    let outcome = if pair.prefill.runtime() == RuntimeType::Vllm {
-                        Box::pin(sequential::attempt(
-                            gw, session, ctx, &req, &pair, &mut slot,
-                        ))
-                        .await
-                    } else {
-                        Box::pin(parallel::attempt(gw, session, ctx, &req, &pair, &mut slot)).await
-                    };
-                    match slot {
-                        Some(handoff) => outcome.settle(&handoff),
-                        None => outcome,
+                    // The decode's admission window (every transport): the slots are held until
+                    // the attempt, and with it every decode leg, has ended.
+                    let sequences = req.facts.decode_sequences(req.route);
+                    match admit::claim(gw, session, &pair.decode, sequences).await {
+                        Err(refused) => refused,
+                        Ok(_slots) => Box::pin(http_attempt(gw, session, ctx, &req, &pair)).await,
                     }
                 }
             }

@@ -5,8 +5,10 @@
 //! → `prefill` (the background prefill leg) and `relay` (decode output to the client), all over
 //! `client` (HTTP/1.1 over Pingora's connector, idle connections parked in `pool`).
 
+pub mod admit;
 pub mod client;
 pub mod dispatch;
+pub mod fanout;
 pub mod grpc;
 pub mod moriio;
 pub mod parallel;

@@ -12,20 +12,21 @@ use pdgate_filters::errors::{
     decode_error, prefill_error, sse_error_event, upstream_error_message, ErrorCode,
 };
 use pdgate_filters::handoff::sglang::{self, BootstrapTarget, DpRanks, Leg, Rooms};
-use pdgate_filters::logprobs::prefill_input_logprobs;
+use pdgate_filters::logprobs::{prefill_input_logprobs, PrefillLogprobs};
 use pingora::proxy::Session;
 
 use super::client::{LegError, LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
-use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg};
+use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg, PrefillWatch};
 use super::relay::{relay_decode, RelayPlan};
-use super::request::PdRequest;
+use super::request::{ForwardHeaders, PdRequest};
 use crate::gateway::Gateway;
 use crate::ledger::{Handoff, Kind};
 use crate::metrics::{BACKEND_PD, METRICS};
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{Reply, SSE};
 use crate::workers::select::Pair;
+use crate::workers::InFlight;
 
 /// Largest decode error body read to build the client's message.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
@@ -78,6 +79,39 @@ mod tests {
     }
 }
 
+/// Where an attempt's rendezvous happens: the prefill's bootstrap server, and under `--dp-aware`
+/// the ranks both legs carry and the (rank, size) its rooms must land on.
+pub struct Rendezvous<'a> {
+    pub dp_place: Option<(u32, u32)>,
+    pub target: BootstrapTarget<'a>,
+    pub dp: DpRanks,
+}
+
+impl<'a> Rendezvous<'a> {
+    pub fn of(dp_aware: bool, pair: &'a Pair) -> Rendezvous<'a> {
+        let (p, d) = (&pair.prefill, &pair.decode);
+        Rendezvous {
+            dp_place: if dp_aware {
+                p.address.dp_rank.zip(p.spec.dp_size)
+            } else {
+                None
+            },
+            target: BootstrapTarget {
+                host: &p.address.host,
+                port: p.spec.bootstrap_port,
+            },
+            dp: if dp_aware {
+                DpRanks {
+                    prefill: p.address.dp_rank,
+                    decode: d.address.dp_rank,
+                }
+            } else {
+                DpRanks::default()
+            },
+        }
+    }
+}
+
 /// Maps a transport failure on either leg (nothing usable came back).
 pub fn transport_refusal(leg: &str, e: &LegError) -> Reply {
     if e.kind == LegErrorKind::Timeout {
@@ -102,31 +136,16 @@ pub async fn attempt(
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
     let s = gw.settings();
-    let dp_place = if s.dp_aware {
-        pair.prefill.address.dp_rank.zip(pair.prefill.spec.dp_size)
-    } else {
-        None
-    };
+    let Rendezvous {
+        dp_place,
+        target,
+        dp,
+    } = Rendezvous::of(s.dp_aware, pair);
     let rooms = mint_rooms(req.facts.batch, dp_place);
     ctx.room = Some(match &rooms {
         Rooms::Single(r) => *r,
         Rooms::Batch(v) => v.first().copied().unwrap_or(0),
     });
-    let target = BootstrapTarget {
-        host: &pair.prefill.address.host,
-        port: pair.prefill.spec.bootstrap_port,
-    };
-    let dp = if s.dp_aware {
-        DpRanks {
-            prefill: pair.prefill.address.dp_rank,
-            decode: pair.decode.address.dp_rank,
-        }
-    } else {
-        DpRanks {
-            prefill: None,
-            decode: None,
-        }
-    };
     let prefill_body = Bytes::from(sglang::leg_body(
         &req.body,
         &req.top,
@@ -167,13 +186,80 @@ pub async fn attempt(
     );
     let dispatched = Instant::now();
     let labels = PdLabels::new(ctx, pair);
+    let legs = SampleLegs {
+        prefill_body,
+        decode_body,
+        headers: req.forward.clone(),
+        handoff,
+    };
+    let opened = tokio::select! {
+        o = open_sample(gw, req, pair, &labels, legs) => o,
+        _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
+    };
+    let OpenSample {
+        decode,
+        prefill,
+        watch: prefill_watch,
+        logprobs: merge_source,
+        _decode_in_flight,
+    } = match opened {
+        Ok(open) => open,
+        Err(reply) => return Attempt::Refused(reply),
+    };
+    prefill.detach();
+
+    let plan = RelayPlan {
+        streaming: req.facts.stream,
+        logprobs: merge_source.as_ref().map(|o| o.as_ref()),
+        dispatched,
+        decode_url: pair.decode.url(),
+        body_limit: s.max_payload_size,
+        stall_timeout: s.stream_idle_timeout,
+        deadline: ctx.started + s.request_timeout,
+        prefill_watch: Some(prefill_watch),
+    };
+    relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
+}
+
+/// What one rendezvous sends: the two leg bodies (the same room), the headers, its ledger entry.
+pub struct SampleLegs {
+    pub prefill_body: Bytes,
+    pub decode_body: Bytes,
+    pub headers: ForwardHeaders,
+    pub handoff: Arc<Handoff>,
+}
+
+/// One rendezvous whose legs both answered 2xx: the decode to relay, the prefill (still held:
+/// dropping it cancels it, [`PrefillLeg::detach`] lets it drain), a watch on the prefill's
+/// failure, and — when the client asked for logprobs — the prefill's prompt rows.
+pub struct OpenSample {
+    pub decode: OpenLeg,
+    pub prefill: PrefillLeg,
+    pub watch: PrefillWatch,
+    pub logprobs: Option<Option<PrefillLogprobs>>,
+    /// The decode counted in flight for as long as its answer is relayed.
+    pub _decode_in_flight: InFlight,
+}
+
+/// Sends both legs of one rendezvous at once and waits for both heads, the first failure
+/// winning (the other leg is dropped with the future). A prefill that fails after its 2xx head
+/// dooms the decode (it waits for KV that will not come), so it is watched meanwhile. The caller
+/// watches the client.
+pub async fn open_sample(
+    gw: &Gateway,
+    req: &PdRequest,
+    pair: &Pair,
+    labels: &PdLabels,
+    legs: SampleLegs,
+) -> Result<OpenSample, Reply> {
+    let s = gw.settings();
     let mut prefill = PrefillLeg::spawn(PrefillJob {
         client: gw.client.clone(),
         worker: pair.prefill.clone(),
         path: pair.prefill.address.path_for(req.route.upstream_path()),
-        body: prefill_body,
-        headers: req.forward.clone(),
-        handoff: handoff.clone(),
+        body: legs.prefill_body,
+        headers: legs.headers.clone(),
+        handoff: legs.handoff,
         keyed: req.routing.routing_key.is_some(),
         keep_body: req.facts.logprobs,
         body_limit: s.max_payload_size,
@@ -200,15 +286,14 @@ pub async fn attempt(
         },
     });
 
-    let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
-    let decode_headers = req.forward.as_slice();
+    let decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(req.route.upstream_path());
     let decode_req = LegRequest {
         method: "POST",
         path: &decode_path,
         host: &pair.decode.address.authority,
-        headers: decode_headers,
-        body: decode_body,
+        headers: legs.headers.as_slice(),
+        body: legs.decode_body,
     };
     // A non-streamed decode answers only when it is done, so its head may take the whole request.
     let decode_head_timeout = if req.facts.stream {
@@ -225,8 +310,6 @@ pub async fn attempt(
     ));
 
     // Both heads, first failure wins.
-    // A prefill that fails after its 2xx head (stalls, breaks) dooms the decode, which waits
-    // for KV that will not come: watch it until the decode has produced output.
     let mut prefill_watch = prefill.watch();
     let mut decode: Option<OpenLeg> = None;
     let mut prefill_ok = false;
@@ -235,26 +318,25 @@ pub async fn attempt(
             d = &mut decode_open, if decode.is_none() => match d {
                 Err(e) => {
                     pair.decode.record_leg(None);
-                    return Attempt::Refused(transport_refusal("decode", &e));
+                    return Err(transport_refusal("decode", &e));
                 }
                 Ok(leg) if !leg.is_success() => {
                     drop(prefill);
                     pair.decode.record_leg(Some(leg.status()));
-                    return Attempt::Refused(decode_refusal(leg, req.facts.stream).await);
+                    return Err(decode_refusal(leg, req.facts.stream).await);
                 }
                 Ok(leg) => decode = Some(leg),
             },
             p = prefill.head(), if !prefill_ok => match p {
-                Err(e) => return Attempt::Refused(transport_refusal("prefill", &e)),
+                Err(e) => return Err(transport_refusal("prefill", &e)),
                 Ok(head) if !(200..300).contains(&head.status) => {
-                    return Attempt::Refused(prefill_refusal(&head));
+                    return Err(prefill_refusal(&head));
                 }
                 Ok(_) => prefill_ok = true,
             },
             _ = prefill_watch.failed(), if prefill_ok => {
-                return Attempt::Refused(prefill_failed_after_head());
+                return Err(prefill_failed_after_head());
             }
-            _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         }
     }
     // Free what the stream does not need (the open's state, the leg body) before relaying it.
@@ -263,28 +345,19 @@ pub async fn attempt(
     let decode = decode.expect("loop ends only with the decode head");
 
     // Logprobs: the prompt rows come from the prefill body, so wait for it.
-    let merge_source = if req.facts.logprobs {
-        let body = tokio::select! {
-            b = prefill.body() => b.ok(),
-            _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
-        };
+    let logprobs = if req.facts.logprobs {
+        let body = prefill.body().await.ok();
         Some(body.and_then(|b| prefill_input_logprobs(&b, is_sse(&b))))
     } else {
         None
     };
-    prefill.detach();
-
-    let plan = RelayPlan {
-        streaming: req.facts.stream,
-        logprobs: merge_source.as_ref().map(|o| o.as_ref()),
-        dispatched,
-        decode_url: pair.decode.url(),
-        body_limit: s.max_payload_size,
-        stall_timeout: s.stream_idle_timeout,
-        deadline: ctx.started + s.request_timeout,
-        prefill_watch: Some(prefill_watch),
-    };
-    relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
+    Ok(OpenSample {
+        decode,
+        prefill,
+        watch: prefill_watch,
+        logprobs,
+        _decode_in_flight: decode_in_flight,
+    })
 }
 
 /// The refusal when a prefill failed after its 2xx head (before the decode produced anything).
@@ -317,7 +390,7 @@ pub async fn decode_refusal(mut leg: OpenLeg, streaming: bool) -> Reply {
     Reply::error_with_status(status, code, upstream_error_message(&body)).retryable(true)
 }
 
-fn prefill_refusal(head: &PrefillHead) -> Reply {
+pub fn prefill_refusal(head: &PrefillHead) -> Reply {
     let (status, code) = prefill_error(head.status);
     let msg = format!(
         "Prefill server error ({}): {}",

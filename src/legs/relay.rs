@@ -38,7 +38,7 @@ const HOP_BY_HOP: &[&str] = &[
 
 /// After `data: [DONE]`, how long we wait for the engine to end its body before we end the
 /// client's response ourselves.
-const AFTER_DONE_GRACE: Duration = Duration::from_secs(2);
+pub const AFTER_DONE_GRACE: Duration = Duration::from_secs(2);
 
 /// How a relay ended.
 pub enum RelayEnd {
@@ -77,7 +77,7 @@ pub struct RelayPlan<'a> {
 /// The head of a streamed answer, built from the decode's: its status and headers minus
 /// hop-by-hop ones and its framing, as `text/event-stream` with chunked framing (Pingora's H1
 /// writer flushes every chunk then).
-fn stream_head(
+pub fn stream_head(
     decode: &ResponseHeader,
     status: u16,
     ctx: &RequestCtx,
@@ -207,7 +207,7 @@ pub async fn relay(
 /// A stream that cannot go on: one SSE error event (the gateway's error body: `timeout` for a
 /// stalled or over-long stream, `decode_request_failed` for a broken one), then the end of the
 /// chunked body, so SSE clients see why and HTTP clients a complete response.
-async fn end_stream_with_error(
+pub async fn end_stream_with_error(
     session: &mut Session,
     ctx: &mut RequestCtx,
     e: &LegError,
@@ -234,7 +234,7 @@ async fn end_stream_with_error(
 }
 
 /// Resolves when the watched prefill failed; never when there is nothing to watch.
-async fn prefill_failed(watch: &mut Option<PrefillWatch>) {
+pub async fn prefill_failed(watch: &mut Option<PrefillWatch>) {
     match watch {
         Some(w) => w.failed().await,
         None => std::future::pending().await,
@@ -282,20 +282,7 @@ async fn relay_whole(
     };
     let body = match body {
         Ok(b) => b,
-        Err(e) => {
-            let reply = if e.kind == LegErrorKind::Timeout {
-                Reply::error(
-                    ErrorCode::Timeout,
-                    format!("the decode answer did not complete: {e}"),
-                )
-            } else {
-                Reply::error(
-                    ErrorCode::ReadResponseFailed,
-                    format!("Failed to read response: {e}"),
-                )
-            };
-            return (RelayEnd::NotSent(reply.retryable(true)), None);
-        }
+        Err(e) => return (RelayEnd::NotSent(unread_answer(&e)), None),
     };
     let reply = match plan.logprobs {
         Some(lp) => {
@@ -337,6 +324,23 @@ async fn relay_whole(
         Ok(()) => (RelayEnd::Complete, Some(leg)),
         Err(_) => (RelayEnd::ClientGone, None),
     }
+}
+
+/// The answer when a non-streamed decode body could not be read whole (nothing went to the
+/// client, so the attempt may be retried): 504 `timeout` or 500 `read_response_failed`.
+pub fn unread_answer(e: &LegError) -> Reply {
+    let reply = if e.kind == LegErrorKind::Timeout {
+        Reply::error(
+            ErrorCode::Timeout,
+            format!("the decode answer did not complete: {e}"),
+        )
+    } else {
+        Reply::error(
+            ErrorCode::ReadResponseFailed,
+            format!("Failed to read response: {e}"),
+        )
+    };
+    reply.retryable(true)
 }
 
 /// Relays the decode leg of `pair` to the client (any dispatch mode) and accounts for it: the

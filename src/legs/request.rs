@@ -42,6 +42,20 @@ impl ForwardHeaders {
         ForwardHeaders { items }
     }
 
+    /// The same headers with `x-request-id` replaced (a fan-out sample's own id).
+    pub fn with_request_id(&self, request_id: &str) -> ForwardHeaders {
+        let mut items: Vec<_> = self
+            .items
+            .iter()
+            .filter(|(n, _)| n != "x-request-id")
+            .cloned()
+            .collect();
+        if let Ok(v) = HeaderValue::from_str(request_id) {
+            items.push((HeaderName::from_static("x-request-id"), v));
+        }
+        ForwardHeaders { items }
+    }
+
     pub fn as_slice(&self) -> &[(HeaderName, HeaderValue)] {
         &self.items
     }

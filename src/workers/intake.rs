@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::config::{RuntimeType, WorkerSpec};
+use crate::config::{label, RuntimeType, WorkerSpec, WorkerType};
 
 use super::worker::{Discovered, Origin, Worker, WorkerAddress, WorkerDefaults};
 use crate::legs::client::{LegClient, LegRequest};
@@ -44,6 +44,9 @@ pub fn startup_worker(
 /// Asks the engine what it is, as SMG's registration does: `GET /v1/models` (`owned_by`
 /// `sglang`/`nvidia` → SGLang, `vllm` → vLLM; the ids are the served models), else `/version`
 /// (answers only on vLLM) and `/server_info` (SGLang). Failures leave the runtime unknown.
+///
+/// A decode is also asked its running window, the size of its admission window
+/// (`workers::admission`): see [`discover_window`].
 pub async fn discover(client: &LegClient, w: &Worker, timeout: Duration) -> Discovered {
     let mut found = Discovered::default();
     if let Some(body) = get_json(client, w, "/v1/models", timeout).await {
@@ -67,7 +70,72 @@ pub async fn discover(client: &LegClient, w: &Worker, timeout: Duration) -> Disc
             found.runtime = RuntimeType::Sglang;
         }
     }
+    if w.role() == WorkerType::Decode {
+        let runtime = w.known_runtime().unwrap_or(found.runtime);
+        if let Some((key, window)) = discover_window(client, w, runtime, timeout).await {
+            found.labels.insert(key.to_string(), window.to_string());
+        }
+    }
     found
+}
+
+/// The running window an HTTP engine reports, as the label it goes under:
+/// * SGLang: `GET /get_server_info` → `max_running_requests` (its `--max-running-requests`,
+///   `null` when the flag is unset), else the value its schedulers resolved
+///   (`internal_states[0].max_running_requests`, the resolved server args).
+/// * vLLM: its OpenAI server reports `max_num_seqs` only on the development endpoint
+///   `GET /server_info?config_format=json` (`vllm_config.scheduler_config.max_num_seqs`), which
+///   exists only with `VLLM_SERVER_DEV_MODE=1`; a production server answers 404 and its decodes
+///   are not gated unless registered with a `max_running_requests` label.
+///
+/// `None` when the engine reports none (the worker is then not gated).
+async fn discover_window(
+    client: &LegClient,
+    w: &Worker,
+    runtime: RuntimeType,
+    timeout: Duration,
+) -> Option<(&'static str, u32)> {
+    match runtime {
+        RuntimeType::Vllm => {
+            let info = get_json(client, w, "/server_info?config_format=json", timeout).await?;
+            vllm_window(&info).map(|n| (label::MAX_NUM_SEQS, n))
+        }
+        RuntimeType::Sglang | RuntimeType::Unspecified => {
+            let info = match get_json(client, w, "/get_server_info", timeout).await {
+                Some(v) => v,
+                None => get_json(client, w, "/server_info", timeout).await?,
+            };
+            sglang_window(&info).map(|n| (label::MAX_RUNNING_REQUESTS, n))
+        }
+        _ => None,
+    }
+}
+
+fn positive(v: &Value) -> Option<u32> {
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
+}
+
+/// SGLang's running window in a `/get_server_info` answer.
+fn sglang_window(info: &Value) -> Option<u32> {
+    positive(&info["max_running_requests"])
+        .or_else(|| positive(&info["internal_states"][0]["max_running_requests"]))
+}
+
+/// vLLM's `max_num_seqs` in a development `/server_info?config_format=json` answer (the config
+/// as JSON, or as a JSON string of it).
+fn vllm_window(info: &Value) -> Option<u32> {
+    let config = &info["vllm_config"];
+    let parsed;
+    let config = match config.as_str() {
+        Some(text) => {
+            parsed = serde_json::from_str::<Value>(text).ok()?;
+            &parsed
+        }
+        None => config,
+    };
+    positive(&config["scheduler_config"]["max_num_seqs"])
 }
 
 async fn get_json(client: &LegClient, w: &Worker, path: &str, timeout: Duration) -> Option<Value> {
@@ -133,4 +201,41 @@ pub async fn discover_dp_size(client: &LegClient, w: &Worker, timeout: Duration)
         None => get_json(client, w, "/get_server_info", timeout).await?,
     };
     info["dp_size"].as_u64().and_then(|n| u32::try_from(n).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sglang_reports_its_window_as_a_flag_or_resolved_by_its_schedulers() {
+        assert_eq!(
+            sglang_window(&json!({"max_running_requests": 48})),
+            Some(48)
+        );
+        let resolved = json!({"max_running_requests": null,
+            "internal_states": [{"max_running_requests": 1024}, {"max_running_requests": 1024}]});
+        assert_eq!(sglang_window(&resolved), Some(1024));
+        for none in [
+            json!({}),
+            json!({"max_running_requests": 0}),
+            json!({"max_running_requests": "8"}),
+            json!({"max_running_requests": -1, "internal_states": []}),
+        ] {
+            assert_eq!(sglang_window(&none), None, "{none}");
+        }
+    }
+
+    #[test]
+    fn vllm_reports_max_num_seqs_only_in_its_dev_server_info() {
+        let info = json!({"vllm_config": {"scheduler_config": {"max_num_seqs": 128}}});
+        assert_eq!(vllm_window(&info), Some(128));
+        let as_text = json!({"vllm_config": "{\"scheduler_config\": {\"max_num_seqs\": 16}}"});
+        assert_eq!(vllm_window(&as_text), Some(16));
+        // The text format (the endpoint's default) is not JSON: no window.
+        let text = json!({"vllm_config": "model='m', scheduler_config=SchedulerConfig(...)"});
+        assert_eq!(vllm_window(&text), None);
+        assert_eq!(vllm_window(&json!({"detail": "Not Found"})), None);
+    }
 }

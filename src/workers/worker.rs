@@ -474,7 +474,13 @@ impl Worker {
         self.facts.get().is_none()
             && (self.is_grpc()
                 || self.declared_runtime == RuntimeType::Unspecified
-                || self.declared_models.is_empty())
+                || self.declared_models.is_empty()
+                // An HTTP decode is asked its running window (its admission window) unless
+                // the registration gives one.
+                || (self.role() == WorkerType::Decode
+                    && ![label::MAX_RUNNING_REQUESTS, label::MAX_NUM_SEQS]
+                        .iter()
+                        .any(|k| self.spec.labels.contains_key(*k))))
     }
 
     /// Carries the live state of the registration this one replaces (PATCH/PUT, a DP rank):
@@ -844,9 +850,15 @@ mod tests {
                 aliases: Vec::new(),
                 extra: BTreeMap::new(),
             }];
-            let w = worker(spec);
+            // A decode that reports its window is asked nothing more over HTTP.
+            spec.labels
+                .insert("max_running_requests".into(), "8".into());
+            let w = worker(spec.clone());
             // Over HTTP a declared runtime and model need no discovery; gRPC always asks.
             assert_eq!(w.needs_discovery(), w.is_grpc(), "{url}");
+            // Without a window, an HTTP decode is asked for its running window.
+            spec.labels.clear();
+            assert!(worker(spec).needs_discovery(), "{url}");
             w.set_discovered(reported());
             assert_eq!(w.runtime(), want, "{url}");
         }

@@ -746,10 +746,16 @@ fn generate_refusals() {
         json!({"text": "a", "sampling_params": {"regex": "a", "ebnf": "b"}}),
     );
     assert_eq!(e.code(), ErrorCode::InvalidRequestParameters);
-    let e = refused(
-        Route::Generate,
-        json!({"text": "a", "sampling_params": {"n": 0}}),
+    // The gateway's classification refuses a bad `sampling_params.n` first (it fans out on
+    // it), with the message the conversion gives.
+    let bytes = br#"{"text":"a","sampling_params":{"n":0}}"#;
+    let top = scan_object(bytes).unwrap();
+    let e = classify(Route::Generate, bytes, &top).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "field `sampling_params.n` must be an integer between 1 and 1024"
     );
+    let e = convert_request(Route::Generate, bytes, &top).unwrap_err();
     assert_eq!(
         e.to_string(),
         "field `sampling_params.n` must be an integer between 1 and 1024"

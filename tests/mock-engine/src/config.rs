@@ -287,6 +287,18 @@ pub struct MockEngineConfig {
     pub prefix_cache: bool,
     /// Max `/mock/requests` records kept.
     pub record_limit: usize,
+    /// Test device for per-sample fan-out: a single-sample request whose request id ends in
+    /// `-<i>` (1 to 4 digits: `rid`, else `X-Request-Id`) runs as sample `i` of an `n>1`
+    /// request, as the engine's own parallel sampling would (a real engine samples at random;
+    /// the mock needs the index to stay deterministic). Off by default.
+    pub sample_from_request_id: bool,
+    /// A decode runs at most `max_running_requests` requests at once: one that got its KV waits
+    /// for a running slot before it generates (SGLang's decode holds the transferred KV in its
+    /// waiting queue meanwhile). Off by default: the mock runs everything at once.
+    pub enforce_running_window: bool,
+    /// `/get_server_info` carries `max_running_requests` (off: `null`, as an SGLang whose
+    /// report names no window).
+    pub report_running_window: bool,
 }
 
 impl Default for MockEngineConfig {
@@ -338,6 +350,9 @@ impl Default for MockEngineConfig {
             incremental_streaming_output: false,
             prefix_cache: true,
             record_limit: 10_000,
+            sample_from_request_id: false,
+            enforce_running_window: false,
+            report_running_window: true,
         }
     }
 }
@@ -437,6 +452,16 @@ pub enum Fault {
         #[serde(default, rename = "match")]
         matcher: FaultMatch,
     },
+    /// Wait `ms`, then answer with `status` as `fail_status` does: a request that fails once
+    /// the requests sent with it have reached their engines.
+    FailStatusAfter {
+        status: u16,
+        ms: u64,
+        #[serde(default)]
+        count: Option<u32>,
+        #[serde(default, rename = "match")]
+        matcher: FaultMatch,
+    },
     /// Sleep before doing anything (the response head is delayed by at least `ms`).
     DelayHead {
         ms: u64,
@@ -511,6 +536,7 @@ impl Fault {
     pub(crate) fn count(&self) -> Option<u32> {
         match self {
             Fault::FailStatus { count, .. }
+            | Fault::FailStatusAfter { count, .. }
             | Fault::DelayHead { count, .. }
             | Fault::Hang { count, .. }
             | Fault::DropConnectionAfterHead { count, .. }
@@ -526,6 +552,7 @@ impl Fault {
     pub(crate) fn matcher(&self) -> Option<&FaultMatch> {
         match self {
             Fault::FailStatus { matcher, .. }
+            | Fault::FailStatusAfter { matcher, .. }
             | Fault::DelayHead { matcher, .. }
             | Fault::Hang { matcher, .. }
             | Fault::DropConnectionAfterHead { matcher, .. }
@@ -540,6 +567,7 @@ impl Fault {
     pub fn kind(&self) -> &'static str {
         match self {
             Fault::FailStatus { .. } => "fail_status",
+            Fault::FailStatusAfter { .. } => "fail_status_after",
             Fault::DelayHead { .. } => "delay_head",
             Fault::Hang { .. } => "hang",
             Fault::DropConnectionAfterHead { .. } => "drop_connection_after_head",

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::config::{EngineKind, Fault, MockEngineConfig, Role, Transport};
+use crate::config::{EngineKind, Fault, FaultMatch, MockEngineConfig, Role, Transport};
 use crate::fake_model::{self, Decoder};
 use crate::job::{self, ApiError, ErrorKind, Job, JobItem, ParseCtx, Route};
 use crate::records::{now_ms, Counters, ItemHandoff, ParsedFields, Recorder, RequestRecord, Stats};
@@ -69,6 +69,8 @@ pub(crate) struct Shared {
     pub bootstrap_up: AtomicBool,
     pub waiting: AtomicU64,
     pub running: AtomicU64,
+    /// The decode's running slots (`enforce_running_window`).
+    pub decode_slots: Arc<tokio::sync::Semaphore>,
     /// A load report that replaces the live counters (tests of overload protection).
     pub load_override: Mutex<Option<LoadReport>>,
     prefix_cache: Mutex<HashSet<u64>>,
@@ -618,6 +620,7 @@ async fn handle_model(
         max_model_len: shared.cfg.max_model_len as u64,
         header_request_id: headers.get("x-request-id").cloned(),
         vocab: shared.cfg.output_vocab.clone(),
+        sample_from_request_id: shared.cfg.sample_from_request_id,
     };
     let job = job::parse(route, &body, &pctx);
     if let Ok(j) = &job {
@@ -806,6 +809,7 @@ async fn apply_request_faults(
         matches!(
             f,
             Fault::FailStatus { .. }
+                | Fault::FailStatusAfter { .. }
                 | Fault::Hang { .. }
                 | Fault::DelayHead { .. }
                 | Fault::DropConnectionAfterHead { .. }
@@ -813,6 +817,18 @@ async fn apply_request_faults(
         )
     })?;
     shared.timeline(guard.seq, format!("fault:{}", f.kind()));
+    let f = match f {
+        Fault::FailStatusAfter { status, ms, .. } => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Fault::FailStatus {
+                status,
+                body: None,
+                count: None,
+                matcher: FaultMatch::default(),
+            }
+        }
+        f => f,
+    };
     match f {
         Fault::FailStatus { status, body, .. } => {
             let route = Route::from_path(path);
@@ -1066,7 +1082,8 @@ fn server_info(shared: &Shared) -> Value {
         "disaggregation_bootstrap_port": shared.bootstrap_addr.map(|a| a.port()).unwrap_or(cfg.default_bootstrap_port),
         "disaggregation_transfer_backend": cfg.connector.as_str(),
         "dp_size": cfg.dp_size, "tp_size": cfg.tp_size, "page_size": cfg.page_size,
-        "kv_cache_dtype": cfg.kv_cache_dtype, "max_running_requests": cfg.max_running_requests,
+        "kv_cache_dtype": cfg.kv_cache_dtype,
+        "max_running_requests": cfg.report_running_window.then_some(cfg.max_running_requests),
         "context_length": cfg.max_model_len, "load_balance_method": cfg.load_balance_method,
         "version": "0.0.0-mock", "weight_version": "default",
         "internal_states": [{"max_total_num_tokens": cfg.kv_tokens, "last_gen_throughput": 0.0}],
@@ -1138,6 +1155,7 @@ pub(crate) async fn api(
                 max_model_len: u64::MAX,
                 header_request_id: None,
                 vocab: cfg.output_vocab.clone(),
+                sample_from_request_id: false,
             };
             match job::parse(Route::Messages, &probe, &pctx) {
                 Ok(j) => server::json(200, &json!({"input_tokens": j.items[0].prompt_ids.len()})),
@@ -1339,6 +1357,9 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
         waiting: AtomicU64::new(0),
         load_override: Mutex::new(None),
         running: AtomicU64::new(0),
+        decode_slots: Arc::new(tokio::sync::Semaphore::new(
+            cfg.max_running_requests.max(1) as usize
+        )),
         prefix_cache: Mutex::new(HashSet::new()),
         next_id: AtomicU64::new(1),
         grpc: grpc::GrpcState::default(),

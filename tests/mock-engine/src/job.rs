@@ -299,6 +299,8 @@ pub struct ParseCtx {
     /// `X-Request-Id` header value.
     pub header_request_id: Option<String>,
     pub vocab: OutputVocab,
+    /// See `MockEngineConfig::sample_from_request_id`.
+    pub sample_from_request_id: bool,
 }
 
 fn check_context(ctx: &ParseCtx, prompt_len: usize, max_new: u64) -> Result<(), ApiError> {
@@ -390,7 +392,11 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                     ))
                 }
             };
-            job.list_output = job.batched;
+            // `sampling_params.n`: SGLang turns one prompt into a batch of n samples (its
+            // answer is then a list), every sample of a prompt in that prompt's room.
+            let n = get_uint(&sp, "n")?.unwrap_or(1).max(1) as usize;
+            job.n = n;
+            job.list_output = job.batched || n > 1;
             let top = get_uint(o, "top_logprobs_num")?.unwrap_or(0) as usize;
             job.logprobs = LogprobOpts {
                 return_logprob: get_bool(o, "return_logprob")?.unwrap_or(false),
@@ -406,13 +412,15 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
             job.n_rooms = prompts.len();
             for (i, p) in prompts.into_iter().enumerate() {
                 check_context(ctx, p.len(), max_new)?;
-                job.items.push(JobItem {
-                    index: i,
-                    room_index: i,
-                    sample: None,
-                    prompt_ids: p,
-                    spec: spec_of(&c, max_new, ctx, top),
-                });
+                for s in 0..n {
+                    job.items.push(JobItem {
+                        index: i * n + s,
+                        room_index: i,
+                        sample: (n > 1).then_some(s),
+                        prompt_ids: p.clone(),
+                        spec: spec_of(&c, max_new, ctx, top),
+                    });
+                }
             }
         }
         Route::Chat => {
@@ -589,5 +597,22 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
             });
         }
     }
+    if ctx.sample_from_request_id && job.n == 1 {
+        if let Some(i) = sample_suffix(&job.rid) {
+            for item in &mut job.items {
+                item.sample = Some(i);
+            }
+        }
+    }
     Ok(job)
+}
+
+/// The sample index a request id ends with (`…-<i>`, 1 to 4 digits).
+fn sample_suffix(rid: &str) -> Option<usize> {
+    let (_, tail) = rid.rsplit_once('-')?;
+    if (1..=4).contains(&tail.len()) && tail.bytes().all(|b| b.is_ascii_digit()) {
+        tail.parse().ok()
+    } else {
+        None
+    }
 }

@@ -211,6 +211,12 @@ struct Args {
     incremental_streaming_output: bool,
     #[arg(long)]
     no_prefix_cache: bool,
+    /// A decode runs at most `--max-running-requests` at once (the others wait with their KV).
+    #[arg(long)]
+    enforce_running_window: bool,
+    /// `/get_server_info` reports no `max_running_requests`.
+    #[arg(long)]
+    no_report_running_window: bool,
 }
 
 fn config(a: Args) -> Result<MockEngineConfig, String> {
@@ -288,6 +294,8 @@ fn config(a: Args) -> Result<MockEngineConfig, String> {
         natural_stop_every: a.natural_stop_every,
         incremental_streaming_output: a.incremental_streaming_output,
         prefix_cache: !a.no_prefix_cache,
+        enforce_running_window: a.enforce_running_window,
+        report_running_window: !a.no_report_running_window,
         ..MockEngineConfig::default()
     })
 }

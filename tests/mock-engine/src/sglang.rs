@@ -805,6 +805,13 @@ pub(crate) async fn run_decode_item(
         h.wait_ms = Some(now_ms() - t_wait);
     });
     shared.timeline(ctx.seq, format!("room {room} payload received"));
+    // A full running batch: the request waits with its KV until a slot frees.
+    let _slot = if cfg.enforce_running_window {
+        let _waiting = Gauge::new(&shared.waiting);
+        shared.decode_slots.clone().acquire_owned().await.ok()
+    } else {
+        None
+    };
     send_prompt(ctx, item, tx, payload.cached_tokens, false);
     let d = Decoder::new(payload.prompt_state, item.spec.clone());
     generate(ctx, item, d, Some((payload.t0, payload.t0_logprob)), tx).await;
