@@ -32,7 +32,11 @@ const TOTAL_TOKENS: &str = "total_tokens";
 /// Whether an SGLang HTTP request runs as one dispatch per sample: `n > 1` on
 /// `/v1/completions` or `/generate`. Chat `n>1` keeps its per-sample room arrays (one dispatch).
 pub fn fans_out(route: Route, facts: &RequestFacts) -> bool {
-    facts.n > 1 && matches!(route, Route::Completions | Route::Generate)
+    facts.n > 1
+        && matches!(
+            route,
+            Route::Completions | Route::Generate | Route::ChatCompletions
+        )
 }
 
 /// The top-level entries sample `sample`'s request replaces in the client's body: `n: 1`
@@ -334,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn completions_and_generate_with_n_over_one_fan_out_chat_keeps_its_arrays() {
+    fn completions_generate_and_chat_with_n_over_one_fan_out() {
         let c = r#"{"prompt":"a","n":3}"#;
         assert!(fans_out(Route::Completions, &facts(Route::Completions, c)));
         let batch = r#"{"prompt":["a","b"],"n":2}"#;
@@ -345,7 +349,7 @@ mod tests {
         let g = r#"{"text":"a","sampling_params":{"n":2}}"#;
         assert!(fans_out(Route::Generate, &facts(Route::Generate, g)));
         let chat = r#"{"messages":[{"role":"user","content":"x"}],"n":3}"#;
-        assert!(!fans_out(
+        assert!(fans_out(
             Route::ChatCompletions,
             &facts(Route::ChatCompletions, chat)
         ));

@@ -51,7 +51,13 @@ pub async fn attempt(
     let mut handoffs: Vec<Arc<Handoff>> = Vec::new();
     let mut opening = FuturesUnordered::new();
     for j in 0..n {
-        let rooms = parallel::mint_rooms(req.facts.batch, dp_place);
+        // One room per prompt of the sample: a chat sample is one prompt (its `n` is what
+        // classify counted as the batch).
+        let per_sample = match req.route {
+            pdgate_filters::Route::ChatCompletions => None,
+            _ => req.facts.batch,
+        };
+        let rooms = parallel::mint_rooms(per_sample, dp_place);
         let first_room = rooms.as_slice().first().copied().unwrap_or(0);
         if j == 0 {
             ctx.room = Some(first_room);

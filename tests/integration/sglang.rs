@@ -181,11 +181,6 @@ async fn batched_inputs_get_equal_length_arrays_with_one_room_per_item() {
             json!({"model": "mock-model", "prompt": ["only"], "max_tokens": 3}),
             1,
         ),
-        (
-            "/v1/chat/completions",
-            json!({"model": "mock-model", "messages": [{"role": "user", "content": "x"}], "n": 2, "max_tokens": 3}),
-            2,
-        ),
     ];
     for (i, (path, body, n)) in cases.iter().enumerate() {
         let pd = gw.post(path, body).await;

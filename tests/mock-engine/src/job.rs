@@ -450,7 +450,10 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
             for i in 0..n {
                 job.items.push(JobItem {
                     index: i,
-                    room_index: i,
+                    // SGLang runs the n samples of its one prompt as copies of the prompt's
+                    // object, all in `bootstrap_room[0]` (batch_request_dispatcher.py; SGLang PRs
+                    // #24223, #26486): the extra samples wait on a room already consumed.
+                    room_index: 0,
                     sample: (n > 1).then_some(i),
                     prompt_ids: ids.clone(),
                     spec: spec_of(&c, max_new, ctx, top),

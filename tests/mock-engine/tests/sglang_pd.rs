@@ -182,22 +182,24 @@ async fn sglang_batched_requests_rendezvous_per_item() {
         output::extract("/generate", false, &reference.body).unwrap()
     );
 
+    // Chat n>1 is one prompt: SGLang runs its samples as copies of the prompt's object, all in
+    // `bootstrap_room[0]`, so the room array does not help and the extra sample stalls until
+    // the engine's waiting timeout (SGLang PRs #24223, #26486; the gateway fans chat n>1 out).
     let chat = json!({"messages":[{"role":"user","content":"pick"}],"max_tokens":4,"n":2});
-    let reference = post(&format!("{}/v1/chat/completions", both.api_url()), &chat).await;
-    let (pr, dr) = pd(
+    let (_, dr) = pd(
         &p,
         &d,
         "/v1/chat/completions",
         &with_rooms(&chat, &p, &[room(), room()]),
     )
     .await;
-    assert_eq!((pr.status, dr.status), (200, 200), "{}", dr.text());
-    let got = output::extract("/v1/chat/completions", false, &dr.body).unwrap();
-    assert_eq!(
-        got,
-        output::extract("/v1/chat/completions", false, &reference.body).unwrap()
+    assert_ne!(
+        dr.status,
+        200,
+        "chat n=2 in one request rendezvoused: {}",
+        dr.text()
     );
-    assert_ne!(got.texts[0], got.texts[1], "samples differ");
+    assert!(p.wait_idle(SECS).await && d.wait_idle(SECS).await);
 
     let comp = json!({"prompt":["a","b"],"max_tokens":3,"stream":true});
     let reference = post(&format!("{}/v1/completions", both.api_url()), &comp).await;
