@@ -247,8 +247,10 @@ async fn a_refused_decode_answers_at_once_and_the_prefill_is_aborted() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(error_code(&r), "decode_worker_failed_to_start");
     assert!(r.text().contains("bad sampling"), "{}", r.text());
-    // The prefill was still waiting for its decode: the gateway told it to stop.
-    let id = p.records()[0].grpc.as_ref().unwrap().request_id.clone();
+    // The prefill was still waiting for its decode: the gateway told it to stop. Both legs carry
+    // one request id; the decode's call reached its engine (it answered), the prefill's may have
+    // been dropped before it was sent, and is aborted all the same.
+    let id = d.records()[0].grpc.as_ref().unwrap().request_id.clone();
     let aborted = p
         .wait_for(Duration::from_secs(5), |e| {
             e.aborts().iter().any(|a| a.request_ids.contains(&id))
