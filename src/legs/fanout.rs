@@ -320,11 +320,7 @@ impl Run<'_> {
                 return Attempt::Refused(Reply::error(ErrorCode::InternalError, e.to_string()))
             }
         };
-        ctx.status = status;
-        ctx.response_started = true;
-        crate::drain::DRAIN.close_if_draining(session);
-        if session
-            .write_response_header(Box::new(head), false)
+        if relay::start_stream(session, ctx, head, status)
             .await
             .is_err()
         {

@@ -99,6 +99,23 @@ pub fn stream_head(
     Ok(h)
 }
 
+/// Sends a stream's head: from here on the request can no longer be retried. `Err`: the client
+/// is gone.
+pub async fn start_stream(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    head: ResponseHeader,
+    status: u16,
+) -> Result<(), ()> {
+    ctx.status = status;
+    ctx.response_started = true;
+    crate::drain::DRAIN.close_if_draining(session);
+    session
+        .write_response_header(Box::new(head), false)
+        .await
+        .map_err(|_| ())
+}
+
 /// Sends the decode response: a stream chunk by chunk (the head goes out first; from then on
 /// the request can no longer be retried), a non-streamed answer whole.
 pub async fn relay(
@@ -121,14 +138,7 @@ pub async fn relay(
             )
         }
     };
-    ctx.status = status;
-    ctx.response_started = true;
-    crate::drain::DRAIN.close_if_draining(session);
-    if session
-        .write_response_header(Box::new(head), false)
-        .await
-        .is_err()
-    {
+    if start_stream(session, ctx, head, status).await.is_err() {
         return (RelayEnd::ClientGone, None);
     }
     let mut merge = match plan.logprobs {

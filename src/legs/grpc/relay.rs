@@ -297,6 +297,21 @@ struct Choice {
     ended_early: bool,
 }
 
+/// Choice `index` unless it is unknown or already finished, with the engine's counts noted.
+fn live_choice(
+    choices: &mut [Choice],
+    index: u32,
+    prompt_tokens: u32,
+    cached_tokens: u32,
+) -> Option<&mut Choice> {
+    let c = choices.get_mut(index as usize).filter(|c| !c.finished)?;
+    if prompt_tokens > 0 {
+        c.prompt_tokens = prompt_tokens;
+    }
+    c.cached_tokens = c.cached_tokens.max(cached_tokens);
+    Some(c)
+}
+
 /// What goes to the client: the route's writer, a stop decoder per choice, and counts.
 struct Output {
     writer: Box<dyn ResponseWriter>,
@@ -389,16 +404,9 @@ impl Output {
         cached_tokens: u32,
         logprobs: Option<&OutputLogprobs>,
     ) {
-        let Some(c) = self.choices.get_mut(index as usize) else {
+        let Some(c) = live_choice(&mut self.choices, index, prompt_tokens, cached_tokens) else {
             return;
         };
-        if c.finished {
-            return;
-        }
-        if prompt_tokens > 0 {
-            c.prompt_tokens = prompt_tokens;
-        }
-        c.cached_tokens = c.cached_tokens.max(cached_tokens);
         self.text.clear();
         let taken = c.decoder.push_all(ids, &mut self.text).unwrap_or(ids.len());
         let ids = &ids[..taken.min(ids.len())];
@@ -441,16 +449,9 @@ impl Output {
         completion_tokens: u32,
         cached_tokens: u32,
     ) {
-        let Some(c) = self.choices.get_mut(index as usize) else {
+        let Some(c) = live_choice(&mut self.choices, index, prompt_tokens, cached_tokens) else {
             return;
         };
-        if c.finished {
-            return;
-        }
-        if prompt_tokens > 0 {
-            c.prompt_tokens = prompt_tokens;
-        }
-        c.cached_tokens = c.cached_tokens.max(cached_tokens);
         self.text.clear();
         let _ = c.decoder.flush(&mut self.text);
         let completion = completion_tokens.max(c.consumed);
@@ -522,13 +523,9 @@ impl Output {
     ) -> Result<(), Attempt> {
         let head = stream_head(ctx, decode_url)
             .map_err(|e| Attempt::Refused(Reply::error(ErrorCode::InternalError, e.to_string())))?;
-        ctx.status = 200;
-        ctx.response_started = true;
-        crate::drain::DRAIN.close_if_draining(session);
-        session
-            .write_response_header(Box::new(head), false)
+        crate::legs::relay::start_stream(session, ctx, head, 200)
             .await
-            .map_err(|_| Attempt::ClientGone)?;
+            .map_err(|()| Attempt::ClientGone)?;
         self.writer.start(&mut self.buf);
         self.flush(session).await.map_err(|()| Attempt::ClientGone)
     }
