@@ -270,8 +270,9 @@ if [[ $STREAMS -gt 0 ]]; then
   tokens=$(( (60 * 1000) / HOLD_ITL_MS + 1 ))
   start_mock hold-prefill $((base + 2)) 0 0
   start_mock hold-decode $((base + 3)) 0 "$HOLD_ITL_MS"
+  # More streams than SMG's default admission bound (1024 per CPU, at least 4096): lift it.
   start_pd_pdgate hold-pdgate $((base + 10)) "http://127.0.0.1:$((base + 2))" $((base + 4)) \
-    "http://127.0.0.1:$((base + 3))"
+    "http://127.0.0.1:$((base + 3))" "  max_concurrent_requests: 0"
   log "holding $streams open streams through pdgate"
   "$BIN/pdgate-bench" --threads "$LOADGEN_THREADS" hold --url "http://127.0.0.1:$((base + 10))" \
     --pid "$GW_PID" --label pdgate --streams "$streams" --hold "$HOLD_SECS" \

@@ -4,13 +4,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crate::config::{
     ConfigSource, GatewayConfig, HealthSettings, LoadedConfig, OverloadSettings, RetrySettings,
 };
 use crate::ledger::Ledger;
 use crate::legs::client::LegClient;
+use crate::limiter::{Limiter, Limits};
 use crate::workers::select::LegPolicies;
 use crate::workers::worker::WorkerDefaults;
 use crate::workers::{Registry, Status, Worker};
@@ -51,6 +52,8 @@ pub struct Settings {
     pub pool_idle: Option<Duration>,
     pub health: HealthSettings,
     pub overload: OverloadSettings,
+    /// `None`: CORS off (no origin configured).
+    pub cors: Option<crate::proxy::cors::CorsPolicy>,
 }
 
 /// The backoff before attempt `k + 1` (k from 0): the config's base delay ± jitter.
@@ -89,6 +92,7 @@ impl Settings {
             overload: cfg.overload(),
             pool_size: 256,
             pool_idle: t.upstream_pool_idle,
+            cors: crate::proxy::cors::CorsPolicy::from_config(&cfg.cors_allowed_origins),
         }
     }
 }
@@ -149,6 +153,9 @@ pub struct Gateway {
     pub reload_lock: tokio::sync::Mutex<()>,
     /// The gRPC path's tokenizers.
     pub models: crate::models::Models,
+    /// The admission limits of the inference routes (`None`: unlimited). Rebuilt by a reload
+    /// only when the limits change; requests admitted before keep their place in the old one.
+    pub limiter: ArcSwapOption<Limiter>,
 }
 
 impl Gateway {
@@ -159,6 +166,7 @@ impl Gateway {
         models: crate::models::Models,
     ) -> Gateway {
         let cfg = startup.gateway.clone();
+        let limiter = Limiter::new(Limits::from_config(&cfg)).map(Arc::new);
         let source = startup.source.clone();
         let settings = Settings::from_config(&cfg);
         let client = Arc::new(LegClient::new(settings.pool_size, settings.pool_idle));
@@ -174,6 +182,7 @@ impl Gateway {
             ledger: Ledger::new(),
             reload_lock: tokio::sync::Mutex::new(()),
             models,
+            limiter: ArcSwapOption::new(limiter),
         }
     }
 
@@ -218,6 +227,11 @@ impl Gateway {
 
     /// Swaps in a validated new config (reload).
     pub fn swap_config(&self, cfg: GatewayConfig) {
+        let limiter = Limiter::new(Limits::from_config(&cfg));
+        let current = self.limiter.load().as_ref().map(|l| *l.limits());
+        if current != limiter.as_ref().map(|l| *l.limits()) {
+            self.limiter.store(limiter.map(Arc::new));
+        }
         self.settings.store(Arc::new(Settings::from_config(&cfg)));
         self.config.store(Arc::new(cfg));
     }

@@ -10,6 +10,8 @@ pub mod drain;
 pub mod gateway;
 pub mod ledger;
 pub mod legs;
+pub mod limiter;
+pub mod logs;
 pub mod metrics;
 pub mod models;
 pub mod policy;

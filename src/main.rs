@@ -116,13 +116,12 @@ fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
 }
 
 /// `RUST_LOG` wins (e.g. `RUST_LOG=pdgate=info,pdgate::legs=debug`); otherwise the config's
-/// `log_level`.
+/// `log_level`. `log_json`: one JSON object per line.
 fn init_logging(loaded: &LoadedConfig) {
-    let mut builder = env_logger::Builder::new();
-    builder.filter_level(loaded.gateway.log_filter());
-    if let Ok(spec) = std::env::var("RUST_LOG") {
-        builder.parse_filters(&spec);
-    }
-    builder.format_timestamp_millis();
-    let _ = builder.try_init();
+    let rust_log = std::env::var("RUST_LOG").ok();
+    pdgate::logs::init(
+        loaded.gateway.log_filter(),
+        rust_log.as_deref(),
+        loaded.gateway.log_json,
+    );
 }

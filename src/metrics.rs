@@ -7,9 +7,9 @@
 use std::sync::LazyLock;
 
 use pingora_prometheus::prometheus::{
-    self, register_gauge_vec, register_histogram_vec, register_int_counter,
-    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, GaugeVec, HistogramVec,
-    IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    self, register_gauge_vec, register_histogram, register_histogram_vec, register_int_counter,
+    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, GaugeVec, Histogram,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
 /// Buckets for every `*_duration_seconds` and `*_ttft_seconds` histogram: from a millisecond
@@ -38,6 +38,11 @@ pub struct Metrics {
     pub pd_bootstrap_failures: IntCounter,
     pub pd_admission_waits: IntCounter,
     pub pd_admission_sheds: IntCounter,
+    pub admission_inflight: IntGauge,
+    pub admission_queue_depth: IntGauge,
+    pub admission_queue_rejected: IntCounterVec,
+    pub admission_queue_wait: Histogram,
+    pub http_rate_limit: IntCounterVec,
     pub worker_selection: IntCounterVec,
     pub worker_requests_active: IntGaugeVec,
     pub worker_health: IntGaugeVec,
@@ -82,6 +87,10 @@ fn counter(name: &str, help: &str) -> IntCounter {
 
 fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     register_int_gauge_vec!(name, help, labels).expect("metric names are unique and valid")
+}
+
+fn gauge(name: &str, help: &str) -> IntGauge {
+    register_int_gauge!(name, help).expect("metric names are unique and valid")
 }
 
 fn float_gauge_vec(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
@@ -166,6 +175,31 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     pd_admission_sheds: counter(
         "smg_pd_admission_sheds_total",
         "PD dispatches shed at the decode admission window",
+    ),
+    admission_inflight: gauge(
+        "smg_admission_inflight",
+        "Requests currently holding an admission place (--max-concurrent-requests)",
+    ),
+    admission_queue_depth: gauge(
+        "smg_admission_queue_depth",
+        "Requests currently waiting in the admission queue",
+    ),
+    admission_queue_rejected: counter_vec(
+        "smg_admission_queue_rejected_total",
+        "Requests refused at admission by reason: full (queue full or queuing off), timeout \
+         (waited --queue-timeout-secs), cancelled (the client left while queued)",
+        &["reason"],
+    ),
+    admission_queue_wait: register_histogram!(
+        "pdgate_admission_queue_wait_seconds",
+        "Time admitted requests spent in the admission queue (requests that waited)",
+        DURATION_BUCKETS.to_vec()
+    )
+    .expect("metric names are unique and valid"),
+    http_rate_limit: counter_vec(
+        "smg_http_rate_limit_total",
+        "Admission decisions by result (allowed/rejected)",
+        &["result"],
     ),
     worker_selection: counter_vec(
         "smg_worker_selection_total",

@@ -92,7 +92,9 @@ pub async fn send(
     reply: Reply,
 ) -> pingora::Result<()> {
     let mut h = ResponseHeader::build(reply.status, Some(5 + reply.headers.len()))?;
-    h.insert_header("content-type", reply.content_type.as_ref())?;
+    if !reply.content_type.is_empty() {
+        h.insert_header("content-type", reply.content_type.as_ref())?;
+    }
     h.insert_header("content-length", reply.body.len())?;
     if let Some(code) = reply.error_code {
         // Codes are ASCII from the catalogue; SMG's one code with spaces is still a valid value.
@@ -107,6 +109,7 @@ pub async fn send(
     if !ctx.request_id.is_empty() {
         h.insert_header("x-request-id", ctx.request_id.as_str())?;
     }
+    crate::proxy::cors::decorate(ctx.cors.as_ref(), &mut h)?;
     ctx.status = reply.status;
     ctx.error_code = reply.error_code;
     ctx.response_started = true;

@@ -51,6 +51,11 @@ catalogue! {
     NoCompatiblePdPair = "no_compatible_pd_pair", 503;
     /// Overload protection vetoed a leg; sent with `Retry-After`.
     WorkerOverloadProtectionShed = "worker_overload_protection_shed", 503;
+    /// The admission queue (`--queue-size`) is full, or queuing is off and no place is free;
+    /// sent with `Retry-After`.
+    AdmissionQueueFull = "admission_queue_full", 429;
+    /// A request waited `--queue-timeout-secs` in the admission queue; sent with `Retry-After`.
+    AdmissionQueueTimeout = "admission_queue_timeout", 503;
     /// vLLM prefill answered non-2xx; its status is passed through.
     PrefillUpstreamError = "prefill_upstream_error", 502;
     /// vLLM (and MoRI-IO concurrent) decode transport error.
@@ -174,9 +179,14 @@ pub const fn grpc_status_to_http(code: i32) -> u16 {
 }
 
 impl ErrorCode {
-    /// Whether the answer carries `Retry-After` (only overload sheds do).
+    /// Whether the answer carries `Retry-After` (overload sheds and admission refusals).
     pub const fn sends_retry_after(self) -> bool {
-        matches!(self, ErrorCode::WorkerOverloadProtectionShed)
+        matches!(
+            self,
+            ErrorCode::WorkerOverloadProtectionShed
+                | ErrorCode::AdmissionQueueFull
+                | ErrorCode::AdmissionQueueTimeout
+        )
     }
 
     /// Whether the code can be sent as the `X-SMG-Error-Code` header value (visible ASCII).
@@ -415,6 +425,8 @@ mod tests {
                 "worker_overload_protection_shed",
                 503,
             ),
+            (AdmissionQueueFull, "admission_queue_full", 429),
+            (AdmissionQueueTimeout, "admission_queue_timeout", 503),
             (MoriioPairMisconfigured, "moriio_pair_misconfigured", 503),
             (MoriioFanoutUnsupported, "moriio_fanout_unsupported", 400),
             (MoriioRequestIdReserved, "moriio_request_id_reserved", 400),
@@ -479,12 +491,19 @@ mod tests {
     }
 
     #[test]
-    fn only_overload_sheds_send_retry_after() {
+    fn only_overload_sheds_and_admission_refusals_send_retry_after() {
         let with: Vec<_> = ErrorCode::ALL
             .iter()
             .filter(|c| c.sends_retry_after())
             .collect();
-        assert_eq!(with, [&ErrorCode::WorkerOverloadProtectionShed]);
+        assert_eq!(
+            with,
+            [
+                &ErrorCode::WorkerOverloadProtectionShed,
+                &ErrorCode::AdmissionQueueFull,
+                &ErrorCode::AdmissionQueueTimeout
+            ]
+        );
         assert_eq!(retry_after_secs(0), 1);
         assert_eq!(retry_after_secs(10), 10);
     }

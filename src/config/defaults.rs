@@ -124,6 +124,22 @@ pub const STREAM_IDLE_TIMEOUT_SECS: u64 = 300;
 /// pdgate: reading the client's request body.
 pub const BODY_READ_TIMEOUT_SECS: u64 = 60;
 
+// ---- Admission limits (SMG's "Rate Limiting" flags) --------------------------------------------
+
+/// SMG: `--max-concurrent-requests`: -1 derives the bound from the host
+/// ([`DERIVED_CONCURRENCY_PER_CPU`] per CPU, at least [`DERIVED_CONCURRENCY_FLOOR`]); 0 disables.
+pub const MAX_CONCURRENT_REQUESTS: i64 = -1;
+/// SMG: the derived concurrency bound's share per available CPU.
+pub const DERIVED_CONCURRENCY_PER_CPU: usize = 1024;
+/// SMG: the derived concurrency bound's floor.
+pub const DERIVED_CONCURRENCY_FLOOR: usize = 4096;
+/// SMG: `--queue-size`: requests that may wait for a place (0 = refuse at once).
+pub const QUEUE_SIZE: usize = 100;
+/// SMG: `--queue-timeout-secs`.
+pub const QUEUE_TIMEOUT_SECS: u64 = 60;
+/// SMG: the `Retry-After` of an admission refusal (queue full or queue timeout), seconds.
+pub const ADMISSION_RETRY_AFTER_SECS: u64 = 2;
+
 // ---- Retries (whole-pair) --------------------------------------------------------------------
 
 /// SMG: `--retry-max-retries`: total attempts, the first included (≤ 1 disables retries).

@@ -352,6 +352,31 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = defaults::STREAM_IDLE_TIMEOUT_SECS, help_heading = "Request Handling")]
     pub stream_idle_timeout_secs: u64,
 
+    // ---- Admission limits ---------------------------------------------------------------------
+    /// Most inference requests served at once; each holds its place until its response ends,
+    /// streams included. -1 = 1024 per CPU, at least 4096; 0 = no limit.
+    #[arg(long, allow_negative_numbers = true, default_value_t = defaults::MAX_CONCURRENT_REQUESTS, help_heading = "Rate Limiting")]
+    pub max_concurrent_requests: i64,
+
+    /// Requests that may wait (first come, first served) when no place is free; past it → 429.
+    /// 0 = refuse at once.
+    #[arg(long, default_value_t = defaults::QUEUE_SIZE, help_heading = "Rate Limiting")]
+    pub queue_size: usize,
+
+    /// Longest wait in that queue, seconds; past it → 503 admission_queue_timeout.
+    #[arg(long, default_value_t = defaults::QUEUE_TIMEOUT_SECS, help_heading = "Rate Limiting")]
+    pub queue_timeout_secs: u64,
+
+    /// Sustained admission rate, requests per second, bursting up to max_concurrent_requests
+    /// (which still bounds concurrency). Unset or 0 = no rate limit.
+    #[arg(long, allow_negative_numbers = true, help_heading = "Rate Limiting")]
+    pub rate_limit_tokens_per_second: Option<i64>,
+
+    /// Origins a browser may call the gateway from (`http://localhost:3000`), or `*` alone for
+    /// any origin. Empty (the default): no cross-origin allowance.
+    #[arg(long, num_args = 0.., help_heading = "Request Handling")]
+    pub cors_allowed_origins: Vec<String>,
+
     // ---- Retries ------------------------------------------------------------------------------
     /// Total attempts per request, the first included (≤ 1 disables retries).
     #[arg(long, default_value_t = defaults::RETRY_MAX_RETRIES, help_heading = "Retry Configuration")]
@@ -449,6 +474,10 @@ pub struct GatewayConfig {
     /// Default log filter: debug, info, warn or error (RUST_LOG, when set, wins).
     #[arg(long, value_enum, default_value = defaults::LOG_LEVEL, help_heading = "Logging")]
     pub log_level: LogLevel,
+
+    /// Every log line, the access line included, as one JSON object (restart to change).
+    #[arg(long, help_heading = "Logging")]
+    pub log_json: bool,
 
     // ---- Workers -------------------------------------------------------------------------------
     /// Startup workers, each a `POST /workers` body (YAML only; `launch` uses --prefill and

@@ -180,10 +180,6 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("backend", Refused, "external-provider backends (openai, anthropic, gemini) are not PD; engine backends are detected per worker"),
         ("zmq_engine_count", Refused, "ipc:// (ZMQ) workers cannot be PD legs"),
         ("log_dir", Refused, "pdgate logs to stderr (Pingora's `error_log` in daemon mode); capture it with your supervisor"),
-        ("log_json", Refused, "JSON log output is not supported; logs are plain text"),
-        ("cors_allowed_origins", Refused, "CORS is not supported; terminate CORS in front of pdgate"),
-        ("max_concurrent_requests", Refused, "the concurrency limiter is not supported; use worker overload protection"),
-        ("rate_limit_tokens_per_second", Refused, "rate limiting is not supported"),
         ("priority_scheduler_enabled", Refused, "the priority admission scheduler is not supported"),
         ("priority_scheduler_config", Refused, "the priority admission scheduler is not supported"),
         ("tenant_rate_limit_enabled", Refused, "tenant rate limiting is not supported"),
@@ -227,8 +223,6 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("webrtc_bind_addr", Refused, "WebRTC is not supported"),
         ("webrtc_stun_server", Refused, "WebRTC is not supported"),
         ("mcp_config_path", Refused, "MCP tools are not supported"),
-        ("queue_size", Ignored, "only used with --max-concurrent-requests"),
-        ("queue_timeout_secs", Ignored, "only used with --max-concurrent-requests"),
         ("priority_scheduler_default_max_class", Ignored, "only used with the priority scheduler"),
         ("priority_scheduler_tenant_metric_top_n", Ignored, "only used with the priority scheduler"),
         ("tenant_header_name", Ignored, "only used with --trust-tenant-header"),
@@ -308,16 +302,6 @@ pub struct SmgOnlyFlags {
     zmq_engine_count: Option<String>,
     #[arg(long, hide = true)]
     log_dir: Option<String>,
-    #[arg(long, hide = true)]
-    log_json: bool,
-    #[arg(long, num_args = 0.., hide = true)]
-    cors_allowed_origins: Vec<String>,
-    /// -1 (SMG's default) disables the limiter and is accepted.
-    #[arg(long, allow_negative_numbers = true, hide = true)]
-    max_concurrent_requests: Option<i64>,
-    /// Unset or 0 is accepted.
-    #[arg(long, allow_negative_numbers = true, hide = true)]
-    rate_limit_tokens_per_second: Option<i64>,
     #[arg(long, hide = true)]
     priority_scheduler_enabled: bool,
     #[arg(long, hide = true)]
@@ -405,10 +389,6 @@ pub struct SmgOnlyFlags {
     webrtc_stun_server: Option<String>,
     #[arg(long, hide = true)]
     mcp_config_path: Option<String>,
-    #[arg(long, hide = true)]
-    queue_size: Option<String>,
-    #[arg(long, hide = true)]
-    queue_timeout_secs: Option<String>,
     #[arg(long, hide = true)]
     priority_scheduler_default_max_class: Option<String>,
     #[arg(long, hide = true)]
@@ -513,8 +493,6 @@ impl SmgOnlyFlags {
             model_alias,
             zmq_engine_count,
             log_dir,
-            log_json,
-            cors_allowed_origins,
             priority_scheduler_enabled,
             priority_scheduler_config,
             tenant_rate_limit_enabled,
@@ -557,8 +535,6 @@ impl SmgOnlyFlags {
             webrtc_bind_addr,
             webrtc_stun_server,
             mcp_config_path,
-            queue_size,
-            queue_timeout_secs,
             priority_scheduler_default_max_class,
             priority_scheduler_tenant_metric_top_n,
             tenant_header_name,
@@ -584,12 +560,6 @@ impl SmgOnlyFlags {
             reasoning_parser,
             tool_call_parser,
         );
-        if self.max_concurrent_requests.is_some_and(|n| n >= 0) {
-            out.push("max_concurrent_requests");
-        }
-        if self.rate_limit_tokens_per_second.is_some_and(|n| n > 0) {
-            out.push("rate_limit_tokens_per_second");
-        }
         if self
             .history_backend
             .as_deref()

@@ -21,6 +21,8 @@ pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
         ("prometheus_port", a.prometheus_port != b.prometheus_port),
         ("admin_host", a.admin_host != b.admin_host),
         ("admin_port", a.admin_port != b.admin_port),
+        // The logger is installed once, at startup.
+        ("log_json", a.log_json != b.log_json),
     ];
     keys.extend(
         listeners

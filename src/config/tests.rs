@@ -317,6 +317,11 @@ const EVERY_KEY: &str = "
   prefill_head_timeout_secs: 301
   decode_first_byte_timeout_secs: 302
   stream_idle_timeout_secs: 303
+  max_concurrent_requests: 64
+  queue_size: 9
+  queue_timeout_secs: 7
+  rate_limit_tokens_per_second: 50
+  cors_allowed_origins: [http://localhost:3000]
   retry_max_retries: 3
   retry_initial_backoff_ms: 20
   retry_max_backoff_ms: 2000
@@ -340,6 +345,7 @@ const EVERY_KEY: &str = "
   worker_startup_check_interval: 15
   worker_startup_delay: 2
   log_level: debug
+  log_json: true
   workers_file: /etc/pdgate/workers.yaml";
 
 /// The argv that sets what `cfg` sets, built from its serialized form and clap's own view of
@@ -731,14 +737,88 @@ fn smg_off_values_are_not_feature_requests() {
         loaded.notices
     );
     assert!(
-        launch_error(&["--pd-disaggregation", "--max-concurrent-requests", "64"])
-            .contains("--max-concurrent-requests")
-    );
-    assert!(
         launch_error(&["--pd-disaggregation", "--history-backend", "redis"])
             .contains("--history-backend")
     );
     assert!(launch_error(&["--pd-disaggregation", "--backend", "openai"]).contains("--backend"));
+}
+
+#[test]
+fn smg_admission_and_operator_flags_map_onto_the_config() {
+    let g = launch(&[
+        "--pd-disaggregation",
+        "--max-concurrent-requests",
+        "64",
+        "--queue-size",
+        "8",
+        "--queue-timeout-secs",
+        "5",
+        "--rate-limit-tokens-per-second",
+        "100",
+        "--cors-allowed-origins",
+        "http://localhost:3000",
+        "https://app.example",
+        "--log-json",
+    ])
+    .expect("SMG's rate-limiting, CORS and log flags are accepted")
+    .gateway;
+    assert_eq!(g.max_concurrent_requests, 64);
+    assert_eq!((g.queue_size, g.queue_timeout_secs), (8, 5));
+    assert_eq!(g.rate_limit_tokens_per_second, Some(100));
+    assert_eq!(
+        g.cors_allowed_origins,
+        ["http://localhost:3000", "https://app.example"]
+    );
+    assert!(g.log_json);
+    // SMG's defaults: the derived bound, a queue of 100 for 60 s, no rate, no CORS.
+    let d = GatewayConfig::default();
+    assert_eq!(
+        (
+            d.max_concurrent_requests,
+            d.queue_size,
+            d.queue_timeout_secs
+        ),
+        (-1, 100, 60)
+    );
+    assert_eq!(d.rate_limit_tokens_per_second, None);
+    assert!(d.cors_allowed_origins.is_empty() && !d.log_json);
+
+    for (args, key) in [
+        (
+            &["--max-concurrent-requests", "-2"][..],
+            "max_concurrent_requests",
+        ),
+        (&["--queue-timeout-secs", "0"][..], "queue_timeout_secs"),
+        (
+            &["--rate-limit-tokens-per-second", "-1"][..],
+            "rate_limit_tokens_per_second",
+        ),
+        (
+            &["--cors-allowed-origins", "*", "http://a.example"][..],
+            "cors_allowed_origins",
+        ),
+        (
+            &["--cors-allowed-origins", "http://a.example/app"][..],
+            "cors_allowed_origins",
+        ),
+    ] {
+        let mut argv = vec!["--pd-disaggregation"];
+        argv.extend_from_slice(args);
+        assert!(
+            launch_error(&argv).contains(key),
+            "{args:?}: {}",
+            launch_error(&argv)
+        );
+    }
+    // No queue needs no timeout.
+    launch(&[
+        "--pd-disaggregation",
+        "--queue-size",
+        "0",
+        "--queue-timeout-secs",
+        "0",
+    ])
+    .expect("queue_size 0 refuses at once, no timeout needed");
 }
 
 #[test]

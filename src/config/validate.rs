@@ -312,6 +312,31 @@ fn validate_ranges(cfg: &GatewayConfig) -> Result<(), ConfigError> {
         u64::from(cfg.least_load_mean_prefill_tokens),
     )?;
 
+    if cfg.max_concurrent_requests < -1 {
+        return Err(ConfigError::invalid_key(
+            "max_concurrent_requests",
+            format!(
+                "{} is not a bound: give a count, 0 for no limit, or -1 for 1024 per CPU (at least 4096)",
+                cfg.max_concurrent_requests
+            ),
+        ));
+    }
+    if cfg.queue_size > 0 && cfg.queue_timeout_secs == 0 {
+        return Err(ConfigError::invalid_key(
+            "queue_timeout_secs",
+            "is 0 while queue_size is not; give the longest wait in seconds (or queue_size 0 to refuse at once)",
+        ));
+    }
+    if let Some(rate) = cfg.rate_limit_tokens_per_second.filter(|r| *r < 0) {
+        return Err(ConfigError::invalid_key(
+            "rate_limit_tokens_per_second",
+            format!("{rate} must be ≥ 0 (0 or unset: no rate limit)"),
+        ));
+    }
+    for origin in &cfg.cors_allowed_origins {
+        crate::proxy::cors::check_origin(origin, cfg.cors_allowed_origins.len())
+            .map_err(|why| ConfigError::invalid_key("cors_allowed_origins", why))?;
+    }
     at_least_one("load_monitor_interval", cfg.load_monitor_interval)?;
     if cfg.worker_overload_waiting_requests == Some(0) {
         return Err(ConfigError::invalid_key(

@@ -110,6 +110,10 @@ pub async fn start_stream(
     ctx.status = status;
     ctx.response_started = true;
     crate::drain::DRAIN.close_if_draining(session);
+    let mut head = head;
+    if crate::proxy::cors::decorate(ctx.cors.as_ref(), &mut head).is_err() {
+        return Err(());
+    }
     session
         .write_response_header(Box::new(head), false)
         .await

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use crate::workers::select::Pair;
 use crate::workers::{InFlight, Worker};
 
+use super::cors::CorsHeaders;
 use super::routes::Endpoint;
+use crate::limiter::Admitted;
 
 pub struct RequestCtx {
     pub started: Instant,
@@ -42,6 +44,11 @@ pub struct RequestCtx {
     pub single_leg: Option<(Arc<Worker>, InFlight)>,
     /// Request body bytes seen on the single-leg path (payload cap).
     pub single_leg_body_bytes: usize,
+    /// The CORS headers of this request's responses (`None`: CORS off).
+    pub cors: Option<CorsHeaders>,
+    /// The request's place under the admission limits, given back when the context drops
+    /// (after the response has ended).
+    pub admission: Option<Admitted>,
 }
 
 impl RequestCtx {
@@ -64,6 +71,8 @@ impl RequestCtx {
             client_gone: false,
             single_leg: None,
             single_leg_body_bytes: 0,
+            cors: None,
+            admission: None,
         }
     }
 }

@@ -67,33 +67,34 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
     }
 
     if log::log_enabled!(log::Level::Info) {
-        let (prefill, decode) = ctx
-            .pair
-            .as_ref()
-            .map_or(("-", "-"), |p| (p.prefill.url(), p.decode.url()));
+        let (prefill, decode) = ctx.pair.as_ref().map_or((None, None), |p| {
+            (Some(p.prefill.url()), Some(p.decode.url()))
+        });
         let path = session.req_header().uri.path();
+        let failure = match e {
+            Some(e) if !ctx.client_gone => Some(e.to_string()),
+            _ => None,
+        };
+        // Fields as key-values: `crate::logs` writes them as `key=value` or as JSON keys.
         log::info!(
             target: "pdgate::access",
-            "request_id={} method={} path={} model={} status={} error={} prefill={} decode={} connector={} room={} transfer_id={} attempts={} ttft_ms={} duration_ms={:.1}{}",
-            ctx.request_id,
-            method,
-            path,
-            ctx.model_label.as_deref().unwrap_or("-"),
-            status,
-            ctx.error_code.unwrap_or("-"),
-            prefill,
-            decode,
-            ctx.connector.unwrap_or("-"),
-            ctx.room.map_or_else(|| "-".to_string(), |r| r.to_string()),
-            ctx.transfer_id.as_deref().unwrap_or("-"),
-            ctx.attempts,
-            ctx.ttft.map_or_else(|| "-".to_string(), |t| format!("{:.1}", t.as_secs_f64() * 1e3)),
-            elapsed.as_secs_f64() * 1e3,
-            match e {
-                Some(e) if !ctx.client_gone => format!(" failure=\"{e}\""),
-                _ if ctx.client_gone => " client_gone=true".to_string(),
-                _ => String::new(),
-            }
+            request_id = ctx.request_id.as_str(),
+            method = method,
+            path = path,
+            model = ctx.model_label.as_deref(),
+            status = status,
+            error = ctx.error_code,
+            prefill = prefill,
+            decode = decode,
+            connector = ctx.connector,
+            room = ctx.room,
+            transfer_id = ctx.transfer_id.as_deref(),
+            attempts = ctx.attempts,
+            ttft_ms = ctx.ttft.map(|t| t.as_secs_f64() * 1e3),
+            duration_ms = elapsed.as_secs_f64() * 1e3,
+            failure = failure.as_deref(),
+            client_gone = ctx.client_gone;
+            ""
         );
     }
 }

@@ -12,6 +12,7 @@
 //! subrequest with a preset body never notices the client hanging up).
 
 pub mod body;
+pub mod cors;
 pub mod ctx;
 pub mod logging;
 pub mod request_filter;

@@ -10,6 +10,7 @@ use pingora::proxy::Session;
 use pingora::{Error, ErrorType};
 
 use super::body::read_body;
+use super::cors;
 use super::ctx::RequestCtx;
 use super::routes::{self, Endpoint, RouteRefusal};
 use super::Listener;
@@ -17,6 +18,7 @@ use crate::admin;
 use crate::gateway::Gateway;
 use crate::legs::dispatch::{self, Served};
 use crate::legs::request::{ForwardHeaders, PdRequest, RoutingKeys};
+use crate::limiter::Refusal;
 use crate::reply::{self, Reply};
 use crate::workers::select::is_available;
 
@@ -81,6 +83,12 @@ async fn serve(
         }
     });
     ctx.request_id = request_id(gw, session, endpoint.as_ref().ok());
+    if listener == Listener::Data {
+        if let Some(policy) = &gw.settings().cors {
+            let origin = session.req_header().headers.get(http::header::ORIGIN);
+            ctx.cors = Some(policy.for_request(origin));
+        }
+    }
 
     // Request smuggling: a body framed two ways is refused, whatever the route.
     if has_conflicting_framing(session) {
@@ -94,6 +102,21 @@ async fn serve(
             ),
         )
         .await?;
+        return Ok(true);
+    }
+
+    // With CORS on, any OPTIONS is a preflight, answered here (as SMG).
+    if let (Some(cors), &http::Method::OPTIONS) = (&ctx.cors, &method) {
+        refuse_unread(session);
+        let allow = match &endpoint {
+            Err(RouteRefusal::MethodNotAllowed(allow)) => Some(*allow),
+            _ => None,
+        };
+        let mut reply = Reply::body(200, "", bytes::Bytes::new());
+        for (name, value) in cors::preflight_headers(cors, allow) {
+            reply = reply.with_header(name, value);
+        }
+        reply::send(session, ctx, reply).await?;
         return Ok(true);
     }
 
@@ -236,6 +259,11 @@ async fn serve_pd(
             return Ok(true);
         }
     };
+    // Admitted after the body is in: a queued request is watched for its client leaving, and
+    // a refused one leaves the connection reusable.
+    if let Some(answered) = admit(gw, session, ctx, true).await? {
+        return Ok(answered);
+    }
     let top = match scan_object(&body) {
         Ok(t) => t,
         Err(e) => {
@@ -309,6 +337,9 @@ async fn count_tokens(
         .await?;
         return Ok(true);
     }
+    if let Some(answered) = admit(gw, session, ctx, false).await? {
+        return Ok(answered);
+    }
     let snap = gw.registry.snapshot();
     let available: Vec<_> = snap.prefills.iter().filter(|w| is_available(w)).collect();
     // A gRPC fleet has no HTTP endpoint to ask: the gateway's tokenizer answers, no leg.
@@ -348,6 +379,54 @@ async fn count_tokens(
             Ok(true)
         }
     }
+}
+
+/// Takes the request's place under the admission limits (`crate::limiter`). `None`: admitted
+/// (or no limits), go on; `Some(true)`: refused and answered. A client that leaves while
+/// queued ends the request without an answer. `body_read`: the body is in, so the connection
+/// can be watched for the client leaving; otherwise the unread body hides that until the
+/// queue deadline.
+async fn admit(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    body_read: bool,
+) -> pingora::Result<Option<bool>> {
+    let Some(limiter) = gw.limiter.load_full() else {
+        return Ok(None);
+    };
+    let client_gone = async {
+        if body_read {
+            let _ = session.read_body_or_idle(true).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let refusal = match limiter.admit(client_gone).await {
+        Ok(admitted) => {
+            ctx.admission = Some(admitted);
+            return Ok(None);
+        }
+        Err(refusal) => refusal,
+    };
+    let code = match refusal {
+        Refusal::ClientGone => {
+            ctx.client_gone = true;
+            return Err(Error::explain(
+                ErrorType::ConnectionClosed,
+                "the client left while queued for admission",
+            ));
+        }
+        Refusal::QueueFull { .. } => ErrorCode::AdmissionQueueFull,
+        Refusal::Timeout => ErrorCode::AdmissionQueueTimeout,
+    };
+    if !body_read {
+        refuse_unread(session);
+    }
+    let reply = Reply::error(code, refusal.message())
+        .with_retry_after(crate::config::defaults::ADMISSION_RETRY_AFTER_SECS);
+    reply::send(session, ctx, reply).await?;
+    Ok(Some(true))
 }
 
 fn header_str<'a>(session: &'a Session, name: &str) -> Option<&'a str> {

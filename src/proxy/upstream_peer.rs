@@ -68,5 +68,5 @@ pub fn prepare_response(
     if let Some((w, _)) = &ctx.single_leg {
         upstream.insert_header("x-smg-routed-worker-id", w.url())?;
     }
-    Ok(())
+    super::cors::decorate(ctx.cors.as_ref(), upstream)
 }

@@ -100,6 +100,38 @@ impl Gateway {
         gw
     }
 
+    /// Starts `pdgate launch` with SMG-style `args` (this adds the listener flags and a short
+    /// grace period) and waits until it answers `/health` and `/metrics`.
+    pub async fn launch(args: &[&str]) -> Gateway {
+        let (port, prometheus_port) = (free_port(), free_port());
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateways");
+        std::fs::create_dir_all(&dir).expect("create the test tmp dir");
+        let log = dir.join(format!("pdgate-launch-{port}.log"));
+        let out = std::fs::File::create(&log).expect("create the gateway log");
+        let err = out.try_clone().expect("clone the log handle");
+        let (port_s, prom_s) = (port.to_string(), prometheus_port.to_string());
+        let child = Command::new(pdgate_bin())
+            .args(["launch", "--pd-disaggregation", "--host", "127.0.0.1"])
+            .args(["--port", &port_s, "--prometheus-host", "127.0.0.1"])
+            .args(["--prometheus-port", &prom_s])
+            .args(["--worker-startup-check-interval", "1"])
+            .args(["--shutdown-grace-period-secs", "0"])
+            .args(args)
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start pdgate launch");
+        let mut gw = Gateway {
+            child,
+            port,
+            prometheus_port,
+            log,
+        };
+        gw.wait_http("/health", Duration::from_secs(20)).await;
+        gw.wait_metrics(Duration::from_secs(20)).await;
+        gw
+    }
+
     /// Spawns `pdgate run -c conf` (for tests that write their own config).
     pub fn spawn(conf: &std::path::Path, port: u16, prometheus_port: u16, log: PathBuf) -> Gateway {
         Gateway::spawn_with(conf, port, prometheus_port, log, &[])

@@ -13,7 +13,7 @@ use crate::harness::{metric_value, Gateway};
 
 /// An SGLang HTTP pair whose decode reports a running window of `window`, emitting a token every
 /// `itl_ms`.
-async fn sglang_pair(
+pub(crate) async fn sglang_pair(
     ips: ([u8; 4], [u8; 4]),
     window: u32,
     itl_ms: u64,
@@ -41,17 +41,18 @@ async fn gateway(workers: &[Value], wait_secs: u64) -> Gateway {
     gw
 }
 
-fn chat(max_tokens: u32, stream: bool) -> Value {
+pub(crate) fn chat(max_tokens: u32, stream: bool) -> Value {
     json!({"model": "mock-model", "max_tokens": max_tokens, "stream": stream, "ignore_eos": true,
         "messages": [{"role": "user", "content": "Tell me a long story."}]})
 }
 
-async fn counter(gw: &Gateway, name: &str) -> f64 {
+pub(crate) async fn counter(gw: &Gateway, name: &str) -> f64 {
     metric_value(&gw.metrics().await, name, &[]).unwrap_or(0.0)
 }
 
-/// Holds one decode slot: a long streamed answer, read up to its first chunk.
-async fn occupy(gw: &Gateway) -> mock_engine::client::StreamingResponse {
+/// Holds one decode slot (and one admission place): a long streamed answer, read up to its
+/// first chunk.
+pub(crate) async fn occupy(gw: &Gateway) -> mock_engine::client::StreamingResponse {
     let mut s = gw.stream("/v1/chat/completions", &chat(5000, true)).await;
     assert_eq!(s.status, 200);
     s.next_chunk()
