@@ -52,6 +52,8 @@ pub struct Settings {
     pub pool_idle: Option<Duration>,
     pub health: HealthSettings,
     pub overload: OverloadSettings,
+    /// The prefill → decode link breaker.
+    pub links: crate::workers::links::LinkSettings,
     /// `None`: CORS off (no origin configured).
     pub cors: Option<crate::proxy::cors::CorsPolicy>,
 }
@@ -92,6 +94,7 @@ impl Settings {
             overload: cfg.overload(),
             pool_size: 256,
             pool_idle: t.upstream_pool_idle,
+            links: crate::workers::links::LinkSettings::from_config(cfg),
             cors: crate::proxy::cors::CorsPolicy::from_config(&cfg.cors_allowed_origins),
         }
     }

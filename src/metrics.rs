@@ -38,6 +38,10 @@ pub struct Metrics {
     pub pd_bootstrap_failures: IntCounter,
     pub pd_admission_waits: IntCounter,
     pub pd_admission_sheds: IntCounter,
+    pub pd_links_open: IntGauge,
+    pub pd_link_trips: IntCounter,
+    pub pd_handoff_outcome: IntCounterVec,
+    pub pd_recomputed_prompt_tokens: IntCounterVec,
     pub admission_inflight: IntGauge,
     pub admission_queue_depth: IntGauge,
     pub admission_queue_rejected: IntCounterVec,
@@ -175,6 +179,24 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     pd_admission_sheds: counter(
         "smg_pd_admission_sheds_total",
         "PD dispatches shed at the decode admission window",
+    ),
+    pd_links_open: gauge(
+        "pdgate_pd_links_open",
+        "Prefill -> decode links currently out of pair selection (link health)",
+    ),
+    pd_link_trips: counter(
+        "pdgate_pd_link_trips_total",
+        "Times a prefill -> decode link was taken out of pair selection",
+    ),
+    pd_handoff_outcome: counter_vec(
+        "pdgate_pd_handoff_outcome_total",
+        "PD handoffs by outcome (transferred, recomputed, unknown, failed) and connector",
+        &["outcome", "connector"],
+    ),
+    pd_recomputed_prompt_tokens: counter_vec(
+        "pdgate_pd_recomputed_prompt_tokens_total",
+        "Prompt tokens a decode engine recomputed instead of receiving their KV",
+        &["connector"],
     ),
     admission_inflight: gauge(
         "smg_admission_inflight",

@@ -21,6 +21,7 @@ pub mod route;
 pub mod routing_text;
 pub mod shape;
 pub mod sse;
+pub mod usage;
 pub mod value;
 
 pub use body::{rewrite, scan_object, BodyError, Entry, TopLevel};

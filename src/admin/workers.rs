@@ -345,6 +345,10 @@ pub fn worker_json(w: &Worker) -> Value {
     m.insert("is_healthy".into(), json!(w.is_healthy()));
     m.insert("status".into(), json!(w.status().as_str()));
     m.insert("load".into(), json!(w.in_flight()));
+    if spec.worker_type == WorkerType::Prefill {
+        // Link health: this prefill's links to decodes that are out of selection or probing.
+        m.insert("links_out".into(), Value::Array(w.links.unhealthy()));
+    }
     Value::Object(m)
 }
 

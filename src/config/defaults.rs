@@ -140,6 +140,20 @@ pub const QUEUE_TIMEOUT_SECS: u64 = 60;
 /// SMG: the `Retry-After` of an admission refusal (queue full or queue timeout), seconds.
 pub const ADMISSION_RETRY_AFTER_SECS: u64 = 2;
 
+// ---- Link health (pdgate) -----------------------------------------------------------------------
+
+/// pdgate: the sliding window of a prefill → decode link's handoff outcomes, seconds (the
+/// current and the previous window count).
+pub const LINK_WINDOW_SECS: u64 = 60;
+/// pdgate: handoffs a link needs in its window before it can be judged.
+pub const LINK_MIN_HANDOFFS: u32 = 20;
+/// pdgate: the share of failed or recomputed handoffs that takes a link out of selection.
+pub const LINK_FAILURE_RATIO: f64 = 0.5;
+/// pdgate: how long an open link stays out of selection before it is probed, seconds.
+pub const LINK_COOLDOWN_SECS: u64 = 30;
+/// pdgate: good handoffs in a row that close a half-open link.
+pub const LINK_PROBE_SUCCESSES: u32 = 3;
+
 // ---- Retries (whole-pair) --------------------------------------------------------------------
 
 /// SMG: `--retry-max-retries`: total attempts, the first included (≤ 1 disables retries).

@@ -377,6 +377,31 @@ pub struct GatewayConfig {
     #[arg(long, num_args = 0.., help_heading = "Request Handling")]
     pub cors_allowed_origins: Vec<String>,
 
+    // ---- Link health ---------------------------------------------------------------------------
+    /// pdgate: keep every prefill → decode link in selection whatever its handoffs do.
+    #[arg(long, help_heading = "Link Health")]
+    pub disable_link_health: bool,
+
+    /// pdgate: the sliding window of a link's handoff outcomes, seconds.
+    #[arg(long, default_value_t = defaults::LINK_WINDOW_SECS, help_heading = "Link Health")]
+    pub link_window_secs: u64,
+
+    /// pdgate: handoffs a link needs in its window before it can be taken out.
+    #[arg(long, default_value_t = defaults::LINK_MIN_HANDOFFS, help_heading = "Link Health")]
+    pub link_min_handoffs: u32,
+
+    /// pdgate: share of failed or recomputed handoffs, in (0, 1], that takes a link out.
+    #[arg(long, default_value_t = defaults::LINK_FAILURE_RATIO, help_heading = "Link Health")]
+    pub link_failure_ratio: f64,
+
+    /// pdgate: seconds an open link stays out before live requests probe it (half-open).
+    #[arg(long, default_value_t = defaults::LINK_COOLDOWN_SECS, help_heading = "Link Health")]
+    pub link_cooldown_secs: u64,
+
+    /// pdgate: good handoffs in a row that restore a half-open link.
+    #[arg(long, default_value_t = defaults::LINK_PROBE_SUCCESSES, help_heading = "Link Health")]
+    pub link_probe_successes: u32,
+
     // ---- Retries ------------------------------------------------------------------------------
     /// Total attempts per request, the first included (≤ 1 disables retries).
     #[arg(long, default_value_t = defaults::RETRY_MAX_RETRIES, help_heading = "Retry Configuration")]

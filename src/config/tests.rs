@@ -321,6 +321,12 @@ const EVERY_KEY: &str = "
   queue_size: 9
   queue_timeout_secs: 7
   rate_limit_tokens_per_second: 50
+  disable_link_health: true
+  link_window_secs: 61
+  link_min_handoffs: 21
+  link_failure_ratio: 0.6
+  link_cooldown_secs: 31
+  link_probe_successes: 4
   cors_allowed_origins: [http://localhost:3000]
   retry_max_retries: 3
   retry_initial_backoff_ms: 20

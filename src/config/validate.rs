@@ -337,6 +337,19 @@ fn validate_ranges(cfg: &GatewayConfig) -> Result<(), ConfigError> {
         crate::proxy::cors::check_origin(origin, cfg.cors_allowed_origins.len())
             .map_err(|why| ConfigError::invalid_key("cors_allowed_origins", why))?;
     }
+    at_least_one("link_window_secs", cfg.link_window_secs)?;
+    at_least_one("link_min_handoffs", u64::from(cfg.link_min_handoffs))?;
+    at_least_one("link_cooldown_secs", cfg.link_cooldown_secs)?;
+    at_least_one("link_probe_successes", u64::from(cfg.link_probe_successes))?;
+    if !(cfg.link_failure_ratio > 0.0 && cfg.link_failure_ratio <= 1.0) {
+        return Err(ConfigError::invalid_key(
+            "link_failure_ratio",
+            format!(
+                "{} must be a share in (0, 1] (0.5: half the handoffs failed)",
+                cfg.link_failure_ratio
+            ),
+        ));
+    }
     at_least_one("load_monitor_interval", cfg.load_monitor_interval)?;
     if cfg.worker_overload_waiting_requests == Some(0) {
         return Err(ConfigError::invalid_key(

@@ -7,7 +7,7 @@ use std::time::Instant;
 use pingora::proxy::Session;
 
 use super::request::PdRequest;
-use super::{admit, fanout, grpc, moriio, parallel, sequential};
+use super::{admit, fanout, grpc, handoff, moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway};
 use crate::ledger::Handoff;
@@ -120,8 +120,9 @@ pub async fn serve(
             Ok(pair) => {
                 ctx.pair = Some(pair.clone());
                 (ctx.room, ctx.transfer_id, ctx.connector) = (None, None, None);
+                ctx.kv_verdict = Default::default();
                 drop(snap);
-                if pair.prefill.is_grpc() {
+                let outcome = if pair.prefill.is_grpc() {
                     let mut slot = None;
                     let outcome = Box::pin(grpc::attempt(
                         gw,
@@ -145,7 +146,9 @@ pub async fn serve(
                         Err(refused) => refused,
                         Ok(_slots) => Box::pin(http_attempt(gw, session, ctx, &req, &pair)).await,
                     }
-                }
+                };
+                handoff::account(&settings, ctx, &pair, &outcome);
+                outcome
             }
         };
         match outcome {

@@ -95,6 +95,7 @@ pub async fn attempt(
         opening.push(async move { (j as usize, open_sample(gw, req, pair, labels, legs).await) });
     }
     ctx.connector = Some("bootstrap");
+    ctx.kv_verdict = crate::legs::handoff::KvVerdict::of_bootstrap_decode(&pair.decode);
     log::debug!(
         "request {} fans out {n} samples on {} -> {}",
         ctx.request_id,

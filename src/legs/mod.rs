@@ -10,6 +10,7 @@ pub mod client;
 pub mod dispatch;
 pub mod fanout;
 pub mod grpc;
+pub mod handoff;
 pub mod moriio;
 pub mod parallel;
 pub mod pool;

@@ -17,6 +17,7 @@ use pingora::proxy::Session;
 
 use super::client::{LegError, LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
+use super::handoff::KvVerdict;
 use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg, PrefillWatch};
 use super::relay::{relay_decode, RelayPlan};
 use super::request::{ForwardHeaders, PdRequest};
@@ -177,6 +178,7 @@ pub async fn attempt(
     );
     *slot = Some(handoff.clone());
     ctx.connector = Some("bootstrap");
+    ctx.kv_verdict = KvVerdict::of_bootstrap_decode(&pair.decode);
     log::debug!(
         "request {} pair {} -> {} bootstrap_room={}",
         ctx.request_id,
@@ -217,6 +219,7 @@ pub async fn attempt(
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
         prefill_watch: Some(prefill_watch),
+        read_cache_report: false,
     };
     relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
 }

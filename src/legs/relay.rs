@@ -72,6 +72,9 @@ pub struct RelayPlan<'a> {
     /// A parallel prefill still draining: if it fails before the decode produced output, the
     /// decode cannot get its KV and the request ends with an error.
     pub prefill_watch: Option<PrefillWatch>,
+    /// Read the answer's cached-token report into `ctx.kv_verdict` (vLLM decodes: their
+    /// `cached_tokens` count the KV the connector loaded; SGLang's do not).
+    pub read_cache_report: bool,
 }
 
 /// The head of a streamed answer, built from the decode's: its status and headers minus
@@ -298,6 +301,11 @@ async fn relay_whole(
         Ok(b) => b,
         Err(e) => return (RelayEnd::NotSent(unread_answer(&e)), None),
     };
+    if plan.read_cache_report && (200..300).contains(&status) {
+        if let Some(r) = pdgate_filters::usage::prompt_cache_report(&body) {
+            ctx.kv_verdict = ctx.kv_verdict.with_report(r.prompt_tokens, r.cached_tokens);
+        }
+    }
     let reply = match plan.logprobs {
         Some(lp) => {
             let merged = lp.and_then(|lp| merge_json(&body, lp)).map(Bytes::from);

@@ -17,6 +17,7 @@ use pingora::proxy::Session;
 
 use super::client::{LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
+use super::handoff::KvVerdict;
 use super::parallel::{decode_refusal, transport_refusal, PdLabels};
 use super::relay::{relay_decode, RelayPlan};
 use super::request::PdRequest;
@@ -141,7 +142,11 @@ pub async fn attempt(
                 ));
                 (Some(prefill_tag.into()), Some(decode_params.into()))
             }
-            Plan::Recompute => (None, None),
+            Plan::Recompute => {
+                // A fallback the gateway chose (e.g. Mooncake without a KV engine id).
+                ctx.kv_verdict = KvVerdict::Recomputed { tokens: 0 };
+                (None, None)
+            }
         };
         let body = Bytes::from(vllm::prefill_leg_body(
             req.route,
@@ -176,6 +181,7 @@ pub async fn attempt(
                 let harvested = vllm::harvest_kv_transfer_params(&response);
                 if harvested.is_none() && connector == Connector::Nixl {
                     METRICS.pd_kv_transfer_failures.inc();
+                    ctx.kv_verdict = KvVerdict::Recomputed { tokens: 0 };
                     log::warn!(
                         "NIXL prefill {} returned no kv_transfer_params; decode recomputes the prompt",
                         pair.prefill.url()
@@ -186,6 +192,12 @@ pub async fn attempt(
         }
     };
     drop(prefill_in_flight);
+    if decode_params
+        .as_deref()
+        .is_some_and(vllm::carries_prefill_cached_tokens)
+    {
+        ctx.kv_verdict = KvVerdict::Opaque;
+    }
     log::debug!(
         "request {} pair {} -> {} connector={} kv_transfer_params {}",
         ctx.request_id,
@@ -323,6 +335,7 @@ pub(crate) async fn finish(
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
         prefill_watch: None,
+        read_cache_report: true,
     };
     relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
 }

@@ -44,6 +44,8 @@ pub struct RequestCtx {
     pub single_leg: Option<(Arc<Worker>, InFlight)>,
     /// Request body bytes seen on the single-leg path (payload cap).
     pub single_leg_body_bytes: usize,
+    /// What the decode engine of the last attempt reported about the prompt's KV.
+    pub kv_verdict: crate::legs::handoff::KvVerdict,
     /// The CORS headers of this request's responses (`None`: CORS off).
     pub cors: Option<CorsHeaders>,
     /// The request's place under the admission limits, given back when the context drops
@@ -71,6 +73,7 @@ impl RequestCtx {
             client_gone: false,
             single_leg: None,
             single_leg_body_bytes: 0,
+            kv_verdict: Default::default(),
             cors: None,
             admission: None,
         }

@@ -186,7 +186,9 @@ async fn serve(
         }
         Endpoint::DebugHandoffs => {
             let reply = if admin::auth::may_mutate(&gw.settings(), session) {
-                Reply::json(200, gw.ledger.to_json().to_string())
+                let mut body = gw.ledger.to_json();
+                body["links"] = links_json(gw);
+                Reply::json(200, body.to_string())
             } else {
                 Reply::error(
                     ErrorCode::Forbidden,
@@ -379,6 +381,22 @@ async fn count_tokens(
             Ok(true)
         }
     }
+}
+
+/// Every prefill → decode link not closed (link health), for `/debug/handoffs`.
+fn links_json(gw: &Gateway) -> serde_json::Value {
+    let snap = gw.registry.snapshot();
+    let links: Vec<serde_json::Value> = snap
+        .prefills
+        .iter()
+        .flat_map(|p| {
+            p.links.unhealthy().into_iter().map(|mut l| {
+                l["prefill"] = serde_json::json!(p.url());
+                l
+            })
+        })
+        .collect();
+    serde_json::Value::Array(links)
 }
 
 /// Takes the request's place under the admission limits (`crate::limiter`). `None`: admitted

@@ -7,6 +7,7 @@ pub mod facts;
 pub mod grpc;
 pub mod health;
 pub mod intake;
+pub mod links;
 pub mod load;
 pub mod pairing;
 pub mod registry;

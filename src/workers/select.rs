@@ -141,9 +141,28 @@ pub fn select_pair(
     // Overload protection: overloaded workers are skipped; a leg with nothing else is shed.
     let decode_ok = shed_overloaded(&snap.decodes, decode_ok, WorkerType::Decode)?;
     let prefill_ok = shed_overloaded(&snap.prefills, prefill_ok, WorkerType::Prefill)?;
-    let pairable: Vec<usize> = (0..snap.prefills.len())
-        .filter(|&i| prefill_ok[i] && snap.pairs[i].iter().any(|&d| decode_ok[d]))
-        .collect();
+    // Link health: links out of selection are skipped — unless that leaves no pair at all, when
+    // a degraded link beats a 503.
+    let link_ok = |i: usize, d: usize| snap.prefills[i].links.usable(&snap.decodes[d].id);
+    let pairable_with = |links: bool| -> Vec<usize> {
+        (0..snap.prefills.len())
+            .filter(|&i| {
+                prefill_ok[i]
+                    && snap.pairs[i]
+                        .iter()
+                        .any(|&d| decode_ok[d] && (!links || link_ok(i, d)))
+            })
+            .collect()
+    };
+    let mut by_links = true;
+    let mut pairable = pairable_with(true);
+    if pairable.is_empty() {
+        by_links = false;
+        pairable = pairable_with(false);
+        if !pairable.is_empty() {
+            log::debug!("every usable pair crosses a link out of selection: using them anyway");
+        }
+    }
     if pairable.is_empty() {
         return Err(SelectError::NoCompatiblePair(incompatibility(
             snap,
@@ -160,7 +179,7 @@ pub fn select_pair(
     let prefill = prefills[chosen].clone();
     let decodes: Vec<&Arc<Worker>> = snap.pairs[pairable[chosen]]
         .iter()
-        .filter(|&&d| decode_ok[d])
+        .filter(|&&d| decode_ok[d] && (!by_links || link_ok(pairable[chosen], d)))
         .map(|&d| &snap.decodes[d])
         .collect();
     let chosen = pick(&*policies.decode, &decodes, input).ok_or(SelectError::PolicyDeclined(

@@ -279,6 +279,8 @@ pub struct Worker {
     /// At or above the overload thresholds in the latest report.
     overloaded: AtomicBool,
     active_gauge: IntGauge,
+    /// A prefill's links to its decodes (link health; empty on decodes).
+    pub links: super::links::LinkTable,
 }
 
 impl Worker {
@@ -362,6 +364,7 @@ impl Worker {
             load: ArcSwapOption::empty(),
             overloaded: AtomicBool::new(false),
             active_gauge,
+            links: Default::default(),
         }
     }
 
@@ -527,6 +530,13 @@ impl Worker {
     /// One label of the merged view.
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels().get(key).map(String::as_str)
+    }
+
+    /// An SGLang decode whose "transfer" is the `fake` backend (a test mode: it decodes
+    /// without any KV), so a successful answer says nothing about a handoff.
+    pub fn fake_kv_transfer(&self) -> bool {
+        self.fact(&[crate::config::label::DISAGGREGATION_TRANSFER_BACKEND])
+            .is_some_and(|b| b.eq_ignore_ascii_case("fake"))
     }
 
     /// The first of `keys` the spec's labels have, else the first the engine reported

@@ -8,6 +8,7 @@ mod engine_wire;
 mod fanout;
 mod grpc_pd;
 mod grpc_workers;
+mod handoff_health;
 mod harness;
 mod hostile;
 mod http_admission;

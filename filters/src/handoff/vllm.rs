@@ -185,6 +185,16 @@ pub fn decode_leg_body_with(
     rewrite(body, top, HANDOFF_KEYS, &set)
 }
 
+/// vLLM ≥ 0.31 (NIXL, MoRI-IO): the prefill's params carry its own prefix-cache hit count, and
+/// a decode given them reports that count as its `cached_tokens`, whatever it loaded.
+pub const REMOTE_PREFILL_CACHED_TOKENS: &str = "remote_prefill_cached_tokens";
+
+/// Whether relayed `kv_transfer_params` carry [`REMOTE_PREFILL_CACHED_TOKENS`] (then the
+/// decode's cached-token count is the prefill's, not a report of the transfer).
+pub fn carries_prefill_cached_tokens(params: &[u8]) -> bool {
+    scan_object(params).is_ok_and(|t| t.contains(REMOTE_PREFILL_CACHED_TOKENS))
+}
+
 /// The prefill response's top-level `kv_transfer_params` raw bytes, relayed verbatim. Absent,
 /// JSON `null`, not an object, or a response that is not a JSON object → `None`.
 pub fn harvest_kv_transfer_params(prefill_response: &[u8]) -> Option<&[u8]> {
@@ -197,6 +207,17 @@ pub fn harvest_kv_transfer_params(prefill_response: &[u8]) -> Option<&[u8]> {
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+
+    #[test]
+    fn relayed_prefill_cache_counts_are_seen() {
+        assert!(carries_prefill_cached_tokens(
+            br#"{"remote_block_ids":[1],"remote_prefill_cached_tokens":32}"#
+        ));
+        assert!(!carries_prefill_cached_tokens(
+            br#"{"remote_block_ids":[1]}"#
+        ));
+        assert!(!carries_prefill_cached_tokens(b"not json"));
+    }
 
     fn prefill(route: Route, body: &str, tag: Option<&[u8]>) -> Value {
         let top = scan_object(body.as_bytes()).unwrap();

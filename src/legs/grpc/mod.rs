@@ -221,6 +221,7 @@ pub async fn relay_open_decode(
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
         labels: legs.labels(),
+        read_cache_report: Engine::of(legs.pair.decode.runtime()) == Some(Engine::Vllm),
     };
     relay::relay(session, ctx, decode, plan).await
 }

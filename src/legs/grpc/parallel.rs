@@ -56,6 +56,7 @@ pub async fn attempt(
     let n = p.gen.sampling.n.max(1);
     let attempt_id = legs.attempt_request_id();
     ctx.connector = Some("bootstrap");
+    ctx.kv_verdict = crate::legs::handoff::KvVerdict::of_bootstrap_decode(&pair.decode);
     let build = match engine {
         Engine::TokenSpeed => build::tokenspeed,
         _ => build::sglang,

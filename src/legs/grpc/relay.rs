@@ -46,6 +46,9 @@ pub struct RelayPlan<'a> {
     /// The request's total deadline.
     pub deadline: Instant,
     pub labels: &'a PdLabels,
+    /// Fold the answer's cached-token count into `ctx.kv_verdict` (vLLM's servicer reports
+    /// the prompt tokens its connector loaded as `cached_tokens`).
+    pub read_cache_report: bool,
 }
 
 /// Where the decode messages come from.
@@ -262,6 +265,13 @@ pub async fn relay(
         }
         if out.all_finished() {
             source.worker().record_leg(Some(200));
+            if plan.read_cache_report {
+                if let Some(c) = out.choices.first() {
+                    ctx.kv_verdict = ctx
+                        .kv_verdict
+                        .with_report(u64::from(c.prompt_tokens), Some(u64::from(c.cached_tokens)));
+                }
+            }
             if let Source::One(leg) = &mut source {
                 // A router-side stop leaves the engine generating: dropping the leg aborts it.
                 if !out.any_ended_early {

@@ -22,6 +22,7 @@ use super::{leg_failed_to_start, relay_open_decode, stream_failed, Legs};
 use crate::config::defaults;
 use crate::ledger::{Handoff, Kind};
 use crate::legs::dispatch::Attempt;
+use crate::legs::handoff::KvVerdict;
 use crate::legs::sequential::{mint_transfer_id, mooncake_engine_id};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
@@ -173,9 +174,15 @@ pub async fn attempt(
     let decode_handoff = match plan {
         Plan::Relay(_) if samples => VllmHandoff::None,
         Plan::Relay(tag) => match returned {
-            Some(json) if json_object(&json) => VllmHandoff::Json(json),
+            Some(json) if json_object(&json) => {
+                if vllm::carries_prefill_cached_tokens(json.as_bytes()) {
+                    ctx.kv_verdict = KvVerdict::Opaque;
+                }
+                VllmHandoff::Json(json)
+            }
             Some(_) => {
                 METRICS.pd_kv_transfer_failures.inc();
+                ctx.kv_verdict = KvVerdict::Recomputed { tokens: 0 };
                 log::warn!(
                     "request {} vLLM prefill {} returned kv_transfer_params that are not a JSON \
                      object; decode recomputes the prompt",
@@ -187,6 +194,7 @@ pub async fn attempt(
             None => {
                 if tag.is_some() {
                     METRICS.pd_kv_transfer_failures.inc();
+                    ctx.kv_verdict = KvVerdict::Recomputed { tokens: 0 };
                     log::warn!(
                         "request {} NIXL prefill {} returned no kv_transfer_params; decode \
                          recomputes the prompt",

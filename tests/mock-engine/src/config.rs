@@ -283,6 +283,10 @@ pub struct MockEngineConfig {
     pub natural_stop_every: u64,
     /// SGLang `--incremental-streaming-output` for `/generate` streams.
     pub incremental_streaming_output: bool,
+    /// vLLM `--enable-prompt-tokens-details`: OpenAI answers carry
+    /// `usage.prompt_tokens_details.cached_tokens` (the prompt tokens not computed here: local
+    /// prefix hits plus what the KV connector loaded). Off, vLLM sends `null` details.
+    pub prompt_tokens_details: bool,
     /// Prefix cache on the prefill (reports `cached_tokens`).
     pub prefix_cache: bool,
     /// Max `/mock/requests` records kept.
@@ -348,6 +352,7 @@ impl Default for MockEngineConfig {
             time_scale: 1.0,
             natural_stop_every: 0,
             incremental_streaming_output: false,
+            prompt_tokens_details: false,
             prefix_cache: true,
             record_limit: 10_000,
             sample_from_request_id: false,
@@ -530,6 +535,12 @@ pub enum Fault {
     },
     /// `HealthCheck` (gRPC) reports unhealthy until `reset()`.
     Unhealthy,
+    /// KV transfers between this engine and the peer whose KV address (`host:port`) contains
+    /// `peer` fail — a broken link between two healthy engines. Checked where the mock moves the
+    /// KV: an SGLang prefill's push (both sides fail, as a dead transfer session does), a vLLM
+    /// NIXL decode's pull (the decode applies `kv_load_failure_policy`: `recompute` answers
+    /// correctly after computing the prompt itself). Until `reset()`.
+    LinkDown { peer: String },
 }
 
 impl Fault {
@@ -545,7 +556,10 @@ impl Fault {
             | Fault::KvCorrupt { count }
             | Fault::GrpcStatus { count, .. }
             | Fault::FailAfterTokens { count, .. } => *count,
-            Fault::BootstrapDown | Fault::SlowTransferMs { .. } | Fault::Unhealthy => None,
+            Fault::BootstrapDown
+            | Fault::SlowTransferMs { .. }
+            | Fault::Unhealthy
+            | Fault::LinkDown { .. } => None,
         }
     }
 
@@ -579,6 +593,7 @@ impl Fault {
             Fault::GrpcStatus { .. } => "grpc_status",
             Fault::FailAfterTokens { .. } => "fail_after_tokens",
             Fault::Unhealthy => "unhealthy",
+            Fault::LinkDown { .. } => "link_down",
         }
     }
 }

@@ -685,6 +685,7 @@ async fn handle_model(
         &ctx.job,
         shared.cfg.incremental_streaming_output,
     );
+    renderer.prompt_tokens_details = shared.cfg.prompt_tokens_details;
 
     if ctx.job.stream && route != Route::Rerank {
         let (resp, tx) = server::channel(200, "text/event-stream");

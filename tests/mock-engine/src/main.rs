@@ -217,6 +217,9 @@ struct Args {
     /// `/get_server_info` reports no `max_running_requests`.
     #[arg(long)]
     no_report_running_window: bool,
+    /// vLLM: report `usage.prompt_tokens_details.cached_tokens` (vLLM's flag of the same name).
+    #[arg(long)]
+    enable_prompt_tokens_details: bool,
 }
 
 fn config(a: Args) -> Result<MockEngineConfig, String> {
@@ -296,6 +299,7 @@ fn config(a: Args) -> Result<MockEngineConfig, String> {
         prefix_cache: !a.no_prefix_cache,
         enforce_running_window: a.enforce_running_window,
         report_running_window: !a.no_report_running_window,
+        prompt_tokens_details: a.enable_prompt_tokens_details,
         ..MockEngineConfig::default()
     })
 }

@@ -72,6 +72,8 @@ struct Item {
 /// Renders one job's output in one dialect.
 pub struct Renderer {
     engine: EngineKind,
+    /// vLLM `--enable-prompt-tokens-details`.
+    pub prompt_tokens_details: bool,
     route: Route,
     model: String,
     rid: String,
@@ -116,6 +118,7 @@ impl Renderer {
     pub fn new(engine: EngineKind, job: &Job, incremental: bool) -> Self {
         Renderer {
             engine,
+            prompt_tokens_details: false,
             route: job.route,
             model: job.model.clone(),
             rid: job.rid.clone(),
@@ -604,6 +607,7 @@ impl Renderer {
         let completion = self.completion_tokens() as usize;
         let cached: usize = self.items.first().map_or(0, |i| i.prompt.cached_tokens);
         let details = match self.engine {
+            EngineKind::Vllm if self.prompt_tokens_details => json!({"cached_tokens": cached}),
             EngineKind::Vllm => Value::Null,
             EngineKind::Sglang | EngineKind::TokenSpeed if cached > 0 => {
                 json!({"cached_tokens": cached})

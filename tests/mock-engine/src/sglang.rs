@@ -423,6 +423,24 @@ pub(crate) async fn run_prefill_item(
     {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    if shared
+        .has_fault(
+            |f| matches!(f, Fault::LinkDown { peer } if rcv.decode_addr.contains(peer.as_str())),
+        )
+        .is_some()
+    {
+        // The transfer session to this decode is broken; the room's guard tells the decode.
+        shared.counters.with(|c| c.transfer_failed += 1);
+        shared.counters.handoff("link_down");
+        return Err(prefill_error(
+            ctx,
+            room,
+            &format!(
+                "Failed to send kv chunk of {room} to {}: transfer session failed",
+                rcv.decode_addr
+            ),
+        ));
+    }
     let url = format!("{}/mock-kv/sglang/{room}/data", rcv.callback);
     let pushed = client::request_with(
         &client::ClientOptions {

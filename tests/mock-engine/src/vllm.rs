@@ -763,7 +763,7 @@ async fn decode_from(
     });
     // The gRPC servicer reports `num_cached_tokens`, which counts the prompt tokens whose KV
     // came from the connector: the whole prompt when it arrived (a recompute reports 0).
-    let cached = if ctx.is_grpc() && source == "remote" {
+    let cached = if (ctx.is_grpc() || cfg_details(ctx)) && source == "remote" {
         item.prompt_ids.len()
     } else {
         0
@@ -771,6 +771,11 @@ async fn decode_from(
     send_prompt(ctx, item, tx, cached, false);
     generate(ctx, item, Decoder::new(s_n, item.spec.clone()), None, tx).await;
     Ok(())
+}
+
+/// Whether OpenAI answers carry `prompt_tokens_details` (`--enable-prompt-tokens-details`).
+fn cfg_details(ctx: &ReqCtx) -> bool {
+    ctx.cfg().prompt_tokens_details
 }
 
 fn opts(ctx: &ReqCtx, t: Duration) -> client::ClientOptions {
@@ -831,6 +836,15 @@ async fn nixl_load(
     let addr = format!("{host}:{port}");
     ctx.shared
         .record_item(ctx.seq, item.index, |h| h.peer_addr = Some(addr.clone()));
+    if ctx
+        .shared
+        .has_fault(|f| matches!(f, Fault::LinkDown { peer } if addr.contains(peer.as_str())))
+        .is_some()
+    {
+        return Ok(Err(LoadFailure::Failed(format!(
+            "NIXL transfer from {addr} failed: the RDMA read did not complete"
+        ))));
+    }
     let meta = client::request_with(
         &opts(ctx, Duration::from_secs(5)),
         "GET",

@@ -1,0 +1,280 @@
+//! Handoff health through the real binary: a decode that silently recomputes the prompt is
+//! counted and attributed to its link; a prefill → decode link that fails (or recomputes) its
+//! handoffs is taken out of pair selection while both workers keep serving with their other
+//! partners, and comes back, half-open then closed, once it heals. Mocks on 127.0.70.x.
+
+use std::time::{Duration, Instant};
+
+use mock_engine::{EngineKind, Fault, LoadFailurePolicy, MockEngine, MockEngineConfig, Role};
+use serde_json::{json, Value};
+
+use crate::harness::{metric_value, Gateway};
+
+const P1: [u8; 4] = [127, 0, 70, 1];
+const P2: [u8; 4] = [127, 0, 70, 2];
+const D1: [u8; 4] = [127, 0, 70, 3];
+const D2: [u8; 4] = [127, 0, 70, 4];
+
+fn ip(a: [u8; 4]) -> String {
+    format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3])
+}
+
+/// Two prefills and two decodes of `kind`; `tweak` adjusts each config.
+async fn fleet(
+    kind: EngineKind,
+    tweak: impl Fn(&mut MockEngineConfig),
+) -> (Vec<MockEngine>, Vec<MockEngine>) {
+    let mut prefills = Vec::new();
+    let mut decodes = Vec::new();
+    for (role, addr) in [
+        (Role::Prefill, P1),
+        (Role::Prefill, P2),
+        (Role::Decode, D1),
+        (Role::Decode, D2),
+    ] {
+        let mut c = MockEngineConfig::test(kind, role, addr);
+        tweak(&mut c);
+        let e = MockEngine::spawn(c).await.unwrap();
+        match role {
+            Role::Prefill => prefills.push(e),
+            _ => decodes.push(e),
+        }
+    }
+    (prefills, decodes)
+}
+
+/// How long an open link stays out. The checks made while it is out stop well before.
+const COOLDOWN: Duration = Duration::from_secs(6);
+
+/// Link health judged after 4 handoffs, probed back after 6 s, closed by 2 good probes. The
+/// per-worker breakers are not under test here: they are set out of reach. Prefills in turn,
+/// decodes at random (a shared round-robin could pair each prefill with one decode forever).
+const LINK_KEYS: &str =
+    "  link_min_handoffs: 4\n  link_cooldown_secs: 6\n  link_probe_successes: 2\n  \
+    cb_failure_threshold: 1000\n  decode_policy: random\n";
+
+async fn gateway(prefills: &[MockEngine], decodes: &[MockEngine]) -> Gateway {
+    let workers: Vec<Value> = prefills
+        .iter()
+        .chain(decodes)
+        .map(MockEngine::worker_spec)
+        .collect();
+    let mut gw = Gateway::start(&workers, LINK_KEYS).await;
+    gw.wait_ready().await;
+    gw
+}
+
+fn chat() -> Value {
+    json!({"model": "mock-model", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Say something about links and handoffs."}]})
+}
+
+/// How many of `decode`'s records came from the prefill at `prefill` (by the KV peer address).
+fn served_by(decode: &MockEngine, prefill: [u8; 4], from: usize) -> usize {
+    let host = format!("{}:", ip(prefill));
+    decode.records()[from..]
+        .iter()
+        .filter(|r| {
+            r.handoff
+                .peer_addr
+                .as_deref()
+                .is_some_and(|p| p.starts_with(&host))
+        })
+        .count()
+}
+
+fn outcome(m: &str, outcome: &str, connector: &str) -> f64 {
+    metric_value(
+        m,
+        "pdgate_pd_handoff_outcome_total",
+        &[("outcome", outcome), ("connector", connector)],
+    )
+    .unwrap_or(0.0)
+}
+
+/// The prefill's `links_out` in `/workers`.
+async fn links_out(gw: &Gateway, prefill: &MockEngine) -> Vec<Value> {
+    let workers = gw.get("/workers").await.json();
+    workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == prefill.api_url().as_str())
+        .and_then(|w| w["links_out"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// While P1 → D1 is out (for at most half the cooldown, so it cannot turn half-open): sends
+/// requests until D1 served P2 and P1 served D2 — both workers still in service — and checks
+/// that P1 → D1 carried none of them.
+async fn while_out(gw: &Gateway, decodes: &[MockEngine], tripped: Instant) {
+    let marks: Vec<usize> = decodes.iter().map(|d| d.records().len()).collect();
+    let mut sent = 0;
+    loop {
+        let both_serving =
+            served_by(&decodes[0], P2, marks[0]) > 0 && served_by(&decodes[1], P1, marks[1]) > 0;
+        if both_serving && sent >= 8 {
+            break;
+        }
+        assert!(
+            tripped.elapsed() < COOLDOWN / 2,
+            "after {sent} requests, D1 served P2: {}, D2 served P1: {}",
+            served_by(&decodes[0], P2, marks[0]),
+            served_by(&decodes[1], P1, marks[1])
+        );
+        let r = gw.post("/v1/chat/completions", &chat()).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        sent += 1;
+    }
+    assert_eq!(
+        served_by(&decodes[0], P1, marks[0]),
+        0,
+        "the open link was used"
+    );
+}
+
+/// Sends requests until `done` holds (each must answer 200), at most `max`.
+async fn drive(gw: &Gateway, max: usize, mut done: impl FnMut(&str) -> bool) -> usize {
+    for sent in 1..=max {
+        let r = gw.post("/v1/chat/completions", &chat()).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        if done(&gw.metrics().await) {
+            return sent;
+        }
+    }
+    panic!(
+        "the condition did not hold after {max} requests\n{}",
+        gw.metrics().await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_recompute_is_counted_and_its_link_taken_out_until_it_heals() {
+    // vLLM NIXL decodes that report cached tokens and recompute when a KV load fails.
+    let (prefills, decodes) = fleet(EngineKind::Vllm, |c| {
+        c.prompt_tokens_details = true;
+        c.kv_load_failure_policy = LoadFailurePolicy::Recompute;
+    })
+    .await;
+    // P1 → D1 is broken: D1's reads from P1 fail, so D1 recomputes those prompts (correctly).
+    decodes[0].inject(Fault::LinkDown { peer: ip(P1) }).await;
+    let gw = gateway(&prefills, &decodes).await;
+
+    let trips = |m: &str| metric_value(m, "pdgate_pd_link_trips_total", &[]).unwrap_or(0.0);
+    drive(&gw, 80, |m| trips(m) >= 1.0).await;
+    let tripped = Instant::now();
+    let m = gw.metrics().await;
+    assert!(outcome(&m, "recomputed", "nixl") >= 2.0, "{m}");
+    assert!(outcome(&m, "transferred", "nixl") >= 1.0, "{m}");
+    assert!(
+        metric_value(
+            &m,
+            "pdgate_pd_recomputed_prompt_tokens_total",
+            &[("connector", "nixl")]
+        )
+        .unwrap_or(0.0)
+            > 0.0,
+        "{m}"
+    );
+    assert_eq!(metric_value(&m, "pdgate_pd_links_open", &[]), Some(1.0));
+    let out = links_out(&gw, &prefills[0]).await;
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0]["decode"], decodes[0].api_url().as_str());
+    assert_eq!(out[0]["state"], "open");
+    assert!(links_out(&gw, &prefills[1]).await.is_empty());
+    let log = gw.log();
+    assert_eq!(
+        log.matches("recomputed the prompt instead of receiving its KV (first occurrence")
+            .count(),
+        1,
+        "the first recompute on the link is logged once\n{log}"
+    );
+    let debug = gw.get("/debug/handoffs").await.json();
+    assert_eq!(
+        debug["links"][0]["prefill"],
+        prefills[0].api_url().as_str(),
+        "{debug}"
+    );
+
+    // While it is out, P1 → D1 carries nothing; every other pair keeps serving.
+    while_out(&gw, &decodes, tripped).await;
+
+    // Healed: after the cooldown the link is probed and restored.
+    decodes[0].reset().await;
+    let restored = Instant::now() + COOLDOWN + Duration::from_secs(20);
+    loop {
+        let r = gw.post("/v1/chat/completions", &chat()).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        if links_out(&gw, &prefills[0]).await.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < restored, "the link never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric_value(&gw.metrics().await, "pdgate_pd_links_open", &[]),
+        Some(0.0)
+    );
+    let mark = decodes[0].records().len();
+    for _ in 0..40 {
+        assert_eq!(gw.post("/v1/chat/completions", &chat()).await.status, 200);
+    }
+    assert!(
+        served_by(&decodes[0], P1, mark) > 0,
+        "the restored link is used again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_fails_its_handoffs_is_taken_out_while_both_workers_keep_serving() {
+    // SGLang: P1 cannot send KV to D1 (both legs of such a pair fail; the gateway retries the
+    // request on another pair, so clients still get answers).
+    let (prefills, decodes) = fleet(EngineKind::Sglang, |_| {}).await;
+    prefills[0].inject(Fault::LinkDown { peer: ip(D1) }).await;
+    let gw = gateway(&prefills, &decodes).await;
+    let trips = |m: &str| metric_value(m, "pdgate_pd_link_trips_total", &[]).unwrap_or(0.0);
+    drive(&gw, 80, |m| trips(m) >= 1.0).await;
+    let tripped = Instant::now();
+    let m = gw.metrics().await;
+    assert!(
+        metric_value(
+            &m,
+            "pdgate_pd_handoff_outcome_total",
+            &[("outcome", "failed"), ("connector", "bootstrap")]
+        )
+        .unwrap_or(0.0)
+            >= 2.0,
+        "{m}"
+    );
+    let out = links_out(&gw, &prefills[0]).await;
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0]["decode"], decodes[0].api_url().as_str());
+
+    let failed_before = outcome(&gw.metrics().await, "failed", "bootstrap");
+    while_out(&gw, &decodes, tripped).await;
+    assert_eq!(
+        outcome(&gw.metrics().await, "failed", "bootstrap"),
+        failed_before,
+        "no handoff failed once the link was out"
+    );
+    let workers = gw.get("/workers").await.json();
+    for w in workers["workers"].as_array().unwrap() {
+        assert_eq!(w["status"], "ready", "{w}");
+    }
+
+    // Still broken when probed: it goes straight back out.
+    let reopened = Instant::now() + COOLDOWN + Duration::from_secs(20);
+    let trips_before = trips(&gw.metrics().await);
+    loop {
+        let r = gw.post("/v1/chat/completions", &chat()).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        if trips(&gw.metrics().await) > trips_before {
+            break;
+        }
+        assert!(
+            Instant::now() < reopened,
+            "a failing probe did not reopen the link"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
