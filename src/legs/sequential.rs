@@ -178,7 +178,15 @@ pub async fn attempt(
             (Some(m), _) => Some(m),
             (None, Connector::Mooncake) => None,
             (None, _) => {
-                let harvested = vllm::harvest_kv_transfer_params(&response);
+                let mut harvested = vllm::harvest_kv_transfer_params(&response);
+                if harvested.is_some_and(vllm::crashes_nixl_decode) {
+                    log::warn!(
+                        "NIXL prefill {} returned kv_transfer_params with no block to read; not \
+                         relayed (vLLM's decode scheduler asserts on them)",
+                        pair.prefill.url()
+                    );
+                    harvested = None;
+                }
                 if harvested.is_none() && connector == Connector::Nixl {
                     METRICS.pd_kv_transfer_failures.inc();
                     ctx.kv_verdict = KvVerdict::Recomputed { tokens: 0 };

@@ -278,3 +278,42 @@ async fn a_link_that_fails_its_handoffs_is_taken_out_while_both_workers_keep_ser
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nixl_params_without_blocks_are_not_relayed_to_a_decode_that_would_assert_on_them() {
+    let spawn = |role, addr| {
+        let mut c = MockEngineConfig::test(EngineKind::Vllm, role, addr);
+        // vLLM's scheduler asserts on such params: the engine dies.
+        c.malformed_params = mock_engine::MalformedParams::Crash;
+        MockEngine::spawn(c)
+    };
+    let p = spawn(Role::Prefill, [127, 0, 70, 5]).await.unwrap();
+    let d = spawn(Role::Decode, [127, 0, 70, 6]).await.unwrap();
+    p.inject(Fault::NoBlocks { count: Some(1) }).await;
+    let mut gw = Gateway::start(&[p.worker_spec(), d.worker_spec()], "").await;
+    gw.wait_ready().await;
+    let r = gw.post("/v1/chat/completions", &chat()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let rec = &d.records()[0];
+    assert!(
+        rec.body
+            .get("kv_transfer_params")
+            .is_none_or(Value::is_null),
+        "params without blocks reached the decode: {}",
+        rec.body
+    );
+    let health = mock_engine::client::get(&format!("{}/health", d.api_url()))
+        .await
+        .unwrap();
+    assert_eq!(health.status, 200, "the decode engine died");
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric_value(&m, "smg_pd_kv_transfer_failures_total", &[]),
+        Some(1.0)
+    );
+    assert_eq!(outcome(&m, "recomputed", "nixl"), 1.0, "{m}");
+    // The next request hands its KV over as usual.
+    let r = gw.post("/v1/chat/completions", &chat()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(d.records()[1].handoff.kv_source.as_deref(), Some("remote"));
+}

@@ -195,6 +195,28 @@ pub fn carries_prefill_cached_tokens(params: &[u8]) -> bool {
     scan_object(params).is_ok_and(|t| t.contains(REMOTE_PREFILL_CACHED_TOKENS))
 }
 
+/// NIXL params a vLLM decode cannot take: `do_remote_prefill: true` with no block to read
+/// (`remote_block_ids` an empty list, or a list of empty per-group lists). vLLM's scheduler
+/// asserts on them (`nixl/pull_scheduler.py`, `update_state_after_alloc`, v0.9.2–0.33.0)
+/// instead of recomputing, which takes the whole decode engine down; they are never relayed.
+pub fn crashes_nixl_decode(params: &[u8]) -> bool {
+    let Ok(top) = scan_object(params) else {
+        return false;
+    };
+    if top.get(params, DO_REMOTE_PREFILL) != Some(&b"true"[..]) {
+        return false;
+    }
+    let Some(ids) = top.get(params, "remote_block_ids") else {
+        return false;
+    };
+    match serde_json::from_slice::<serde_json::Value>(ids) {
+        Ok(serde_json::Value::Array(list)) => list
+            .iter()
+            .all(|group| matches!(group, serde_json::Value::Array(inner) if inner.is_empty())),
+        _ => false,
+    }
+}
+
 /// The prefill response's top-level `kv_transfer_params` raw bytes, relayed verbatim. Absent,
 /// JSON `null`, not an object, or a response that is not a JSON object → `None`.
 pub fn harvest_kv_transfer_params(prefill_response: &[u8]) -> Option<&[u8]> {
@@ -207,6 +229,25 @@ pub fn harvest_kv_transfer_params(prefill_response: &[u8]) -> Option<&[u8]> {
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+
+    #[test]
+    fn params_without_blocks_would_crash_a_nixl_decode() {
+        for bad in [
+            &br#"{"do_remote_prefill":true,"remote_block_ids":[]}"#[..],
+            br#"{"do_remote_prefill":true,"remote_block_ids":[[]]}"#,
+        ] {
+            assert!(crashes_nixl_decode(bad), "{}", String::from_utf8_lossy(bad));
+        }
+        for ok in [
+            &br#"{"do_remote_prefill":true,"remote_block_ids":[1,2]}"#[..],
+            br#"{"do_remote_prefill":true,"remote_block_ids":[[3]]}"#,
+            br#"{"do_remote_prefill":false,"remote_block_ids":[]}"#,
+            br#"{"remote_block_ids":[]}"#,
+            b"garbage",
+        ] {
+            assert!(!crashes_nixl_decode(ok), "{}", String::from_utf8_lossy(ok));
+        }
+    }
 
     #[test]
     fn relayed_prefill_cache_counts_are_seen() {

@@ -174,6 +174,18 @@ pub async fn attempt(
     let decode_handoff = match plan {
         Plan::Relay(_) if samples => VllmHandoff::None,
         Plan::Relay(tag) => match returned {
+            Some(json) if vllm::crashes_nixl_decode(json.as_bytes()) => {
+                METRICS.pd_kv_transfer_failures.inc();
+                ctx.kv_verdict = KvVerdict::Recomputed { tokens: 0 };
+                log::warn!(
+                    "request {} NIXL prefill {} returned kv_transfer_params with no block to \
+                     read; not relayed (vLLM's decode scheduler asserts on them), decode \
+                     recomputes the prompt",
+                    ctx.request_id,
+                    pair.prefill.url()
+                );
+                VllmHandoff::None
+            }
             Some(json) if json_object(&json) => {
                 if vllm::carries_prefill_cached_tokens(json.as_bytes()) {
                     ctx.kv_verdict = KvVerdict::Opaque;

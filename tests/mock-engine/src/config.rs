@@ -541,6 +541,12 @@ pub enum Fault {
     /// NIXL decode's pull (the decode applies `kv_load_failure_policy`: `recompute` answers
     /// correctly after computing the prompt itself). Until `reset()`.
     LinkDown { peer: String },
+    /// vLLM NIXL prefill: the returned `kv_transfer_params` name no block
+    /// (`remote_block_ids: []`) — params a vLLM decode's scheduler asserts on.
+    NoBlocks {
+        #[serde(default)]
+        count: Option<u32>,
+    },
 }
 
 impl Fault {
@@ -554,6 +560,7 @@ impl Fault {
             | Fault::StallAfterHead { count, .. }
             | Fault::EosFirstToken { count }
             | Fault::KvCorrupt { count }
+            | Fault::NoBlocks { count }
             | Fault::GrpcStatus { count, .. }
             | Fault::FailAfterTokens { count, .. } => *count,
             Fault::BootstrapDown
@@ -594,6 +601,7 @@ impl Fault {
             Fault::FailAfterTokens { .. } => "fail_after_tokens",
             Fault::Unhealthy => "unhealthy",
             Fault::LinkDown { .. } => "link_down",
+            Fault::NoBlocks { .. } => "no_blocks",
         }
     }
 }

@@ -516,6 +516,12 @@ pub(crate) async fn run_prefill_item(
     shared
         .recorder
         .update(ctx.seq, |r| r.handoff.transfer_id = transfer_id.clone());
+    let no_blocks = shared
+        .take_fault(ctx.job.route.path(), |f| {
+            matches!(f, Fault::NoBlocks { .. })
+        })
+        .is_some();
+    let ids = if no_blocks { Vec::new() } else { ids };
     let block_ids = if cfg.grouped_block_ids {
         json!([ids])
     } else {
@@ -821,7 +827,9 @@ async fn nixl_load(
     let ids =
         block_ids(p.get("remote_block_ids")).map_err(|_| malformed(ctx, "remote_block_ids"))?;
     if ids.is_empty() {
-        return Ok(Err(LoadFailure::Failed(invalid_params_reason(p))));
+        // vLLM claims the prompt as remote, then `update_state_after_alloc` asserts
+        // `num_external_tokens == 0` in the scheduler (nixl/pull_scheduler.py).
+        return Err(malformed(ctx, "remote_block_ids is empty (AssertionError)"));
     }
     let host = p
         .get("remote_host")
