@@ -54,6 +54,8 @@ pub struct Settings {
     pub overload: OverloadSettings,
     /// The prefill → decode link breaker.
     pub links: crate::workers::links::LinkSettings,
+    /// Between two rounds of link canaries (zero: off).
+    pub link_canary_interval: Duration,
     /// `None`: CORS off (no origin configured).
     pub cors: Option<crate::proxy::cors::CorsPolicy>,
 }
@@ -95,6 +97,7 @@ impl Settings {
             pool_size: 256,
             pool_idle: t.upstream_pool_idle,
             links: crate::workers::links::LinkSettings::from_config(cfg),
+            link_canary_interval: Duration::from_secs(cfg.link_canary_interval_secs),
             cors: crate::proxy::cors::CorsPolicy::from_config(&cfg.cors_allowed_origins),
         }
     }
@@ -159,6 +162,9 @@ pub struct Gateway {
     /// The admission limits of the inference routes (`None`: unlimited). Rebuilt by a reload
     /// only when the limits change; requests admitted before keep their place in the old one.
     pub limiter: ArcSwapOption<Limiter>,
+    /// The secret a link canary presents to pin its pair (`workers::canary`); minted at
+    /// startup, never configured or shown.
+    pub canary_secret: String,
 }
 
 impl Gateway {
@@ -186,6 +192,7 @@ impl Gateway {
             reload_lock: tokio::sync::Mutex::new(()),
             models,
             limiter: ArcSwapOption::new(limiter),
+            canary_secret: uuid::Uuid::new_v4().simple().to_string(),
         }
     }
 

@@ -39,6 +39,7 @@ pub struct Metrics {
     pub pd_admission_waits: IntCounter,
     pub pd_admission_sheds: IntCounter,
     pub pd_links_open: IntGauge,
+    pub pd_canaries: IntCounterVec,
     pub pd_link_trips: IntCounter,
     pub pd_handoff_outcome: IntCounterVec,
     pub pd_recomputed_prompt_tokens: IntCounterVec,
@@ -183,6 +184,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     pd_links_open: gauge(
         "pdgate_pd_links_open",
         "Prefill -> decode links currently out of pair selection (link health)",
+    ),
+    pd_canaries: counter_vec(
+        "pdgate_pd_canaries_total",
+        "Link canaries sent, by result (passed: answered 2xx)",
+        &["result"],
     ),
     pd_link_trips: counter(
         "pdgate_pd_link_trips_total",

@@ -103,6 +103,10 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
         "load monitor",
         LoadMonitor { gw: gw.clone() },
     ));
+    server.add_service(background_service(
+        "link canaries",
+        crate::workers::canary::LinkCanaries { gw: gw.clone() },
+    ));
     server.add_service(background_service("config reload", ReloadOnHangup { gw }));
     Ok(server)
 }

@@ -9,7 +9,7 @@ use crate::gateway::Settings;
 pub use crate::config::IpNet;
 
 /// Constant-time comparison, so the key cannot be guessed byte by byte from response times.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

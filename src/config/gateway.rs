@@ -402,6 +402,11 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = defaults::LINK_PROBE_SUCCESSES, help_heading = "Link Health")]
     pub link_probe_successes: u32,
 
+    /// pdgate: seconds between rounds of link canaries (one tiny PD request per prefill → decode
+    /// link, through the gateway itself); 0 = off.
+    #[arg(long, default_value_t = defaults::LINK_CANARY_INTERVAL_SECS, help_heading = "Link Health")]
+    pub link_canary_interval_secs: u64,
+
     // ---- Retries ------------------------------------------------------------------------------
     /// Total attempts per request, the first included (≤ 1 disables retries).
     #[arg(long, default_value_t = defaults::RETRY_MAX_RETRIES, help_heading = "Retry Configuration")]

@@ -327,6 +327,7 @@ const EVERY_KEY: &str = "
   link_failure_ratio: 0.6
   link_cooldown_secs: 31
   link_probe_successes: 4
+  link_canary_interval_secs: 15
   cors_allowed_origins: [http://localhost:3000]
   retry_max_retries: 3
   retry_initial_backoff_ms: 20

@@ -41,6 +41,26 @@ impl Attempt {
     }
 }
 
+/// A link canary's pair: both workers by id, ready — whatever the link's health (a canary is
+/// how an open link is probed without user traffic).
+fn pinned_pair(
+    snap: &crate::workers::Snapshot,
+    (prefill, decode): &(String, String),
+) -> Result<Pair, SelectError> {
+    let ready = |id: &str| {
+        snap.by_id(id)
+            .filter(|w| w.status() == crate::workers::Status::Ready)
+            .cloned()
+    };
+    let prefill = ready(prefill).ok_or(SelectError::NoneAvailable(
+        crate::config::WorkerType::Prefill,
+    ))?;
+    let decode = ready(decode).ok_or(SelectError::NoneAvailable(
+        crate::config::WorkerType::Decode,
+    ))?;
+    Ok(Pair { prefill, decode })
+}
+
 /// How the whole request ended, for the proxy phase.
 pub enum Served {
     Answered,
@@ -109,7 +129,11 @@ pub async fn serve(
                 .unwrap_or(0),
         };
         let label = ctx.model_label.as_deref().unwrap_or(UNKNOWN_MODEL);
-        let outcome = match select_pair(&snap, model, &policies, &input, label) {
+        let chosen = match &req.routing.pinned {
+            Some(link) => pinned_pair(&snap, link),
+            None => select_pair(&snap, model, &policies, &input, label),
+        };
+        let outcome = match chosen {
             // An overload shed is final (SMG marks it terminal) and tells the client when to
             // come back; other selection failures may clear up on a retry.
             Err(e @ SelectError::Overloaded(_)) => Attempt::Refused(
@@ -167,7 +191,10 @@ pub async fn serve(
             Attempt::CutShort(why) => return Served::Abort(why),
             Attempt::Refused(reply) => {
                 let backoff = jittered_backoff(retry, ctx.attempts - 1);
-                let retryable = reply.retryable && retry.is_retryable_status(reply.status);
+                // A canary's outcome belongs to its link: no other pair is tried.
+                let retryable = reply.retryable
+                    && retry.is_retryable_status(reply.status)
+                    && req.routing.pinned.is_none();
                 let may_retry = retryable
                     && ctx.attempts < retry.max_attempts
                     && Instant::now() + backoff < deadline;

@@ -88,6 +88,8 @@ pub struct RoutingKeys {
     /// The routing prompt, extracted only when a leg's policy needs it.
     pub text: Option<String>,
     pub token_ids: Option<Vec<u32>>,
+    /// A link canary's pinned (prefill id, decode id) (`workers::canary`).
+    pub pinned: Option<(String, String)>,
 }
 
 /// Everything the legs need about the client request, computed once in `request_filter`.

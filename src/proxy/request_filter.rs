@@ -293,6 +293,10 @@ async fn serve_pd(
     ctx.streaming = facts.stream;
     ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref()));
     let mut routing = routing_keys(session);
+    routing.pinned = crate::workers::canary::pinned_link(
+        header_str(session, crate::workers::canary::CANARY_HEADER),
+        &gw.canary_secret,
+    );
     if gw.policies.load().needs_text() {
         let t = pdgate_filters::routing_text::routing_text(route, &body, &top);
         routing.text = t.text;
@@ -468,6 +472,7 @@ fn routing_keys(session: &Session) -> RoutingKeys {
             .map(str::to_string),
         text: None,
         token_ids: None,
+        pinned: None,
     }
 }
 

@@ -203,6 +203,15 @@ impl LinkTable {
             }
         }
         let counts = link.counts(now, settings.window);
+        // A handoff over an open link past its cooldown (a canary's, or one that started just
+        // before) is its first probe.
+        if let State::Open { until } = link.state {
+            if now >= until {
+                link.state = State::HalfOpen { successes: 0 };
+                self.open.fetch_sub(1, Ordering::AcqRel);
+                METRICS.pd_links_open.dec();
+            }
+        }
         match link.state {
             State::Closed => {
                 let total = counts.ok + counts.failed;

@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod breaker;
+pub mod canary;
 pub mod facts;
 pub mod grpc;
 pub mod health;

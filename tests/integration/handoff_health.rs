@@ -317,3 +317,69 @@ async fn nixl_params_without_blocks_are_not_relayed_to_a_decode_that_would_asser
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(d.records()[1].handoff.kv_source.as_deref(), Some("remote"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canaries_find_a_broken_link_with_no_user_traffic() {
+    let (prefills, decodes) = fleet(EngineKind::Sglang, |_| {}).await;
+    prefills[0].inject(Fault::LinkDown { peer: ip(D1) }).await;
+    let workers: Vec<Value> = prefills
+        .iter()
+        .chain(&decodes)
+        .map(MockEngine::worker_spec)
+        .collect();
+    let extra = format!(
+        "{}  link_min_handoffs: 2\n  link_canary_interval_secs: 1\n",
+        LINK_KEYS.replace("  link_min_handoffs: 4\n", "")
+    );
+    let mut gw = Gateway::start(&workers, &extra).await;
+    gw.wait_ready().await;
+
+    // No client request at all: the canaries alone take the broken link out.
+    let found = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = links_out(&gw, &prefills[0]).await;
+        if out.len() == 1 {
+            assert_eq!(out[0]["decode"], decodes[0].api_url().as_str());
+            break;
+        }
+        assert!(
+            Instant::now() < found,
+            "the canaries did not find the link\n{}",
+            gw.metrics().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let m = gw.metrics().await;
+    let canaries =
+        |result| metric_value(&m, "pdgate_pd_canaries_total", &[("result", result)]).unwrap_or(0.0);
+    assert!(canaries("failed") >= 2.0, "{m}");
+    assert!(
+        canaries("passed") >= 3.0,
+        "the healthy links were canaried too\n{m}"
+    );
+    assert!(links_out(&gw, &prefills[1]).await.is_empty());
+    // Healed, the canaries probe it back (after the cooldown) and restore it.
+    prefills[0].reset().await;
+    let restored = Instant::now() + COOLDOWN + Duration::from_secs(30);
+    while !links_out(&gw, &prefills[0]).await.is_empty() {
+        assert!(
+            Instant::now() < restored,
+            "the canaries did not restore the link"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Every request the engines saw was a canary: pinned, one attempt, the canary prompt.
+    for d in &decodes {
+        for r in d.records() {
+            assert!(
+                r.body.to_string().contains("pdgate link canary"),
+                "{}",
+                r.body
+            );
+            assert!(
+                !r.headers.contains_key("x-pdgate-canary"),
+                "the canary secret reached an engine"
+            );
+        }
+    }
+}
