@@ -54,6 +54,8 @@ pub struct Settings {
     pub overload: OverloadSettings,
     /// The prefill → decode link breaker.
     pub links: crate::workers::links::LinkSettings,
+    /// The capacity advice's sliding window.
+    pub capacity_window: Duration,
     /// Between two rounds of link canaries (zero: off).
     pub link_canary_interval: Duration,
     /// `None`: CORS off (no origin configured).
@@ -98,6 +100,7 @@ impl Settings {
             pool_idle: t.upstream_pool_idle,
             links: crate::workers::links::LinkSettings::from_config(cfg),
             link_canary_interval: Duration::from_secs(cfg.link_canary_interval_secs),
+            capacity_window: Duration::from_secs(cfg.capacity_window_secs),
             cors: crate::proxy::cors::CorsPolicy::from_config(&cfg.cors_allowed_origins),
         }
     }
@@ -165,6 +168,8 @@ pub struct Gateway {
     /// The secret a link canary presents to pin its pair (`workers::canary`); minted at
     /// startup, never configured or shown.
     pub canary_secret: String,
+    /// The latest P:D capacity advice.
+    pub capacity: crate::capacity::Capacity,
 }
 
 impl Gateway {
@@ -193,6 +198,7 @@ impl Gateway {
             models,
             limiter: ArcSwapOption::new(limiter),
             canary_secret: uuid::Uuid::new_v4().simple().to_string(),
+            capacity: crate::capacity::Capacity::new(),
         }
     }
 

@@ -40,6 +40,7 @@ pub struct Metrics {
     pub pd_admission_sheds: IntCounter,
     pub pd_links_open: IntGauge,
     pub pd_canaries: IntCounterVec,
+    pub pd_capacity_pressure: GaugeVec,
     pub pd_link_trips: IntCounter,
     pub pd_handoff_outcome: IntCounterVec,
     pub pd_recomputed_prompt_tokens: IntCounterVec,
@@ -189,6 +190,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "pdgate_pd_canaries_total",
         "Link canaries sent, by result (passed: answered 2xx)",
         &["result"],
+    ),
+    pd_capacity_pressure: float_gauge_vec(
+        "pdgate_pd_capacity_pressure",
+        "Demand over capacity of each pool over the capacity window (>= 1: saturated; -1: unknown)",
+        &["role"],
     ),
     pd_link_trips: counter(
         "pdgate_pd_link_trips_total",

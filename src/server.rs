@@ -104,6 +104,10 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
         LoadMonitor { gw: gw.clone() },
     ));
     server.add_service(background_service(
+        "capacity advice",
+        crate::capacity::CapacityAdvisor { gw: gw.clone() },
+    ));
+    server.add_service(background_service(
         "link canaries",
         crate::workers::canary::LinkCanaries { gw: gw.clone() },
     ));

@@ -402,6 +402,10 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = defaults::LINK_PROBE_SUCCESSES, help_heading = "Link Health")]
     pub link_probe_successes: u32,
 
+    /// pdgate: the sliding window of the P:D capacity advice (`/debug/capacity`), seconds.
+    #[arg(long, default_value_t = defaults::CAPACITY_WINDOW_SECS, help_heading = "Link Health")]
+    pub capacity_window_secs: u64,
+
     /// pdgate: seconds between rounds of link canaries (one tiny PD request per prefill → decode
     /// link, through the gateway itself); 0 = off.
     #[arg(long, default_value_t = defaults::LINK_CANARY_INTERVAL_SECS, help_heading = "Link Health")]

@@ -338,6 +338,7 @@ fn validate_ranges(cfg: &GatewayConfig) -> Result<(), ConfigError> {
             .map_err(|why| ConfigError::invalid_key("cors_allowed_origins", why))?;
     }
     at_least_one("link_window_secs", cfg.link_window_secs)?;
+    at_least_one("capacity_window_secs", cfg.capacity_window_secs)?;
     at_least_one("link_min_handoffs", u64::from(cfg.link_min_handoffs))?;
     at_least_one("link_cooldown_secs", cfg.link_cooldown_secs)?;
     at_least_one("link_probe_successes", u64::from(cfg.link_probe_successes))?;

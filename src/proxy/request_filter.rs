@@ -72,7 +72,8 @@ async fn serve(
                 Endpoint::Workers
                 | Endpoint::Worker(_)
                 | Endpoint::Reload
-                | Endpoint::DebugHandoffs,
+                | Endpoint::DebugHandoffs
+                | Endpoint::DebugCapacity,
             ) => !gw.settings().separate_admin,
             _ => true,
         };
@@ -184,16 +185,18 @@ async fn serve(
             reply::send(session, ctx, reply).await?;
             Ok(true)
         }
-        Endpoint::DebugHandoffs => {
-            let reply = if admin::auth::may_mutate(&gw.settings(), session) {
-                let mut body = gw.ledger.to_json();
-                body["links"] = links_json(gw);
-                Reply::json(200, body.to_string())
-            } else {
+        Endpoint::DebugHandoffs | Endpoint::DebugCapacity => {
+            let reply = if !admin::auth::may_mutate(&gw.settings(), session) {
                 Reply::error(
                     ErrorCode::Forbidden,
                     "debug endpoints are served only to trusted (loopback) peers when no api_key is configured",
                 )
+            } else if endpoint == Endpoint::DebugCapacity {
+                Reply::json(200, gw.capacity.to_json().to_string())
+            } else {
+                let mut body = gw.ledger.to_json();
+                body["links"] = links_json(gw);
+                Reply::json(200, body.to_string())
             };
             reply::send(session, ctx, reply).await?;
             Ok(true)

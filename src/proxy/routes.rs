@@ -27,6 +27,8 @@ pub enum Endpoint {
     Reload,
     /// `GET /debug/handoffs`: rendezvous whose legs have not all ended (admin-protected).
     DebugHandoffs,
+    /// `GET /debug/capacity`: the P:D capacity advice (admin-protected).
+    DebugCapacity,
 }
 
 impl Endpoint {
@@ -44,6 +46,7 @@ impl Endpoint {
             Endpoint::Worker(_) => "/workers/{id}",
             Endpoint::Reload => "/reload",
             Endpoint::DebugHandoffs => "/debug/handoffs",
+            Endpoint::DebugCapacity => "/debug/capacity",
         }
     }
 
@@ -57,6 +60,7 @@ impl Endpoint {
                 | Endpoint::Worker(_)
                 | Endpoint::Reload
                 | Endpoint::DebugHandoffs
+                | Endpoint::DebugCapacity
         )
     }
 }
@@ -91,6 +95,7 @@ pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, RouteRefusal> {
         "/v1/embeddings" | "/v1/classify" => post_only(Endpoint::NotInPd),
         "/reload" => post_only(Endpoint::Reload),
         "/debug/handoffs" => get_only(Endpoint::DebugHandoffs),
+        "/debug/capacity" => get_only(Endpoint::DebugCapacity),
         "/workers" => {
             if method == Method::GET || method == Method::POST {
                 Ok(Endpoint::Workers)

@@ -13,6 +13,7 @@
 //! window are not gated.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,8 @@ use crate::metrics::METRICS;
 pub struct Window {
     slots: Arc<Semaphore>,
     size: u32,
+    /// Dispatches waiting for a slot now (the capacity advice reads it).
+    waiting: AtomicU32,
 }
 
 impl Window {
@@ -32,11 +35,17 @@ impl Window {
         Window {
             slots: Arc::new(Semaphore::new(size as usize)),
             size,
+            waiting: AtomicU32::new(0),
         }
     }
 
     pub fn size(&self) -> u32 {
         self.size
+    }
+
+    /// Dispatches waiting for a slot now.
+    pub fn waiting(&self) -> u32 {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Slots in use now.
@@ -82,6 +91,14 @@ pub async fn admit(
         return Err(NotAdmitted::Shed);
     }
     let acquire = window.slots.clone().acquire_many_owned(n);
+    window.waiting.fetch_add(1, Ordering::Relaxed);
+    struct Waiting<'a>(&'a AtomicU32);
+    impl Drop for Waiting<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let _waiting = Waiting(&window.waiting);
     tokio::select! {
         slots = acquire => match slots {
             Ok(slots) => {

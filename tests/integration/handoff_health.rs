@@ -383,3 +383,103 @@ async fn canaries_find_a_broken_link_with_no_user_traffic() {
         }
     }
 }
+
+/// Keeps `clients` requests of `body` in flight until the returned flag is set.
+fn load(
+    gw: &Gateway,
+    clients: usize,
+    body: Value,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks = (0..clients)
+        .map(|_| {
+            let (url, body, stop) = (gw.url("/v1/chat/completions"), body.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = mock_engine::client::post_json(&url, &body).await.unwrap();
+                    assert_eq!(r.status, 200, "{}", r.text());
+                }
+            })
+        })
+        .collect();
+    (stop, tasks)
+}
+
+/// Polls `/debug/capacity` until it names `bottleneck`.
+async fn advice_names(gw: &Gateway, bottleneck: &str) -> Value {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let advice = gw.get("/debug/capacity").await.json();
+        if advice["bottleneck"] == bottleneck {
+            return advice;
+        }
+        assert!(Instant::now() < end, "never {bottleneck}: {advice}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_advice_changes_sides_with_the_load_shape() {
+    // A compute-bound prefill (2 ms per prompt token, one pass at a time) and a decode that
+    // runs 4 sequences at once, a token every 30 ms.
+    let mut pc = MockEngineConfig::test(EngineKind::Sglang, Role::Prefill, [127, 0, 70, 7]);
+    pc.prefill_us_per_token = 2000;
+    let p = MockEngine::spawn(pc).await.unwrap();
+    let mut dc = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 70, 8]);
+    dc.max_running_requests = 4;
+    dc.enforce_running_window = true;
+    dc.itl_ms = 30;
+    dc.natural_stop_every = 0;
+    let d = MockEngine::spawn(dc).await.unwrap();
+    let mut gw = Gateway::start(
+        &[p.worker_spec(), d.worker_spec()],
+        "  capacity_window_secs: 2\n  pd_admission_wait_secs: 60\n",
+    )
+    .await;
+    gw.wait_ready().await;
+    let idle = gw.get("/debug/capacity").await.json();
+    assert_eq!(idle["bottleneck"], Value::Null, "{idle}");
+
+    // Long prompts, one-token answers: prompts queue at the prefill.
+    let long_prompt = "tell me about the weather and the sea ".repeat(30);
+    let (stop, tasks) = load(
+        &gw,
+        6,
+        json!({"model": "mock-model", "max_tokens": 1,
+            "messages": [{"role": "user", "content": long_prompt}]}),
+    );
+    let advice = advice_names(&gw, "prefill").await;
+    assert!(advice["add"]["prefill"].as_u64().unwrap() >= 1, "{advice}");
+    assert!(
+        advice["advice"]
+            .as_str()
+            .unwrap()
+            .starts_with("prefill is the bottleneck"),
+        "{advice}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    // Short prompts, long answers: sequences wait for the decode's window.
+    let (stop, tasks) = load(
+        &gw,
+        6,
+        json!({"model": "mock-model", "max_tokens": 40, "ignore_eos": true,
+            "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    let advice = advice_names(&gw, "decode").await;
+    assert!(advice["add"]["decode"].as_u64().unwrap() >= 1, "{advice}");
+    let m = gw.metrics().await;
+    let pressure =
+        |role| metric_value(&m, "pdgate_pd_capacity_pressure", &[("role", role)]).unwrap_or(-1.0);
+    assert!(pressure("decode") > pressure("prefill"), "{m}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

@@ -1071,14 +1071,14 @@ fn dashboard_queries() -> Vec<(String, String)> {
     out
 }
 
-/// The `smg_*` metric names a PromQL expression references.
+/// The `smg_*` and `pdgate_*` metric names a PromQL expression references.
 fn referenced_metrics(expr: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let bytes = expr.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
         let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
-        if starts_word && expr[i..].starts_with("smg_") {
+        if starts_word && (expr[i..].starts_with("smg_") || expr[i..].starts_with("pdgate_")) {
             let end = expr[i..]
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
                 .map_or(expr.len(), |e| i + e);
@@ -1175,7 +1175,7 @@ async fn every_dashboard_query_references_an_exported_metric() {
         let names = referenced_metrics(&expr);
         assert!(
             !names.is_empty(),
-            "panel {panel:?} queries no smg_ series: {expr}"
+            "panel {panel:?} queries no smg_ or pdgate_ series: {expr}"
         );
         for name in names {
             if !exported.contains(&name) {

@@ -287,6 +287,10 @@ pub struct MockEngineConfig {
     /// `usage.prompt_tokens_details.cached_tokens` (the prompt tokens not computed here: local
     /// prefix hits plus what the KV connector loaded). Off, vLLM sends `null` details.
     pub prompt_tokens_details: bool,
+    /// A compute-bound prefill: each prompt token adds this many microseconds to the forward
+    /// pass, and forward passes run one at a time (others queue). 0 = the fixed `ttft_ms` only,
+    /// concurrently.
+    pub prefill_us_per_token: u64,
     /// Prefix cache on the prefill (reports `cached_tokens`).
     pub prefix_cache: bool,
     /// Max `/mock/requests` records kept.
@@ -353,6 +357,7 @@ impl Default for MockEngineConfig {
             natural_stop_every: 0,
             incremental_streaming_output: false,
             prompt_tokens_details: false,
+            prefill_us_per_token: 0,
             prefix_cache: true,
             record_limit: 10_000,
             sample_from_request_id: false,

@@ -71,6 +71,8 @@ pub(crate) struct Shared {
     pub running: AtomicU64,
     /// The decode's running slots (`enforce_running_window`).
     pub decode_slots: Arc<tokio::sync::Semaphore>,
+    /// A compute-bound prefill's one forward pass at a time (`prefill_us_per_token`).
+    pub prefill_compute: tokio::sync::Semaphore,
     /// A load report that replaces the live counters (tests of overload protection).
     pub load_override: Mutex<Option<LoadReport>>,
     prefix_cache: Mutex<HashSet<u64>>,
@@ -101,6 +103,17 @@ impl Shared {
         if scaled > 0.0 {
             tokio::time::sleep(Duration::from_secs_f64(scaled / 1000.0)).await;
         }
+    }
+
+    /// A prefill's forward pass over `prompt_len` tokens: `ttft_ms`, plus, on a compute-bound
+    /// prefill (`prefill_us_per_token`), the per-token cost with one pass at a time.
+    pub async fn prefill_forward(&self, prompt_len: usize) {
+        if self.cfg.prefill_us_per_token == 0 {
+            return self.latency(self.cfg.ttft_ms).await;
+        }
+        let _pass = self.prefill_compute.acquire().await;
+        let us = self.cfg.prefill_us_per_token * prompt_len as u64;
+        self.latency(self.cfg.ttft_ms + us / 1000).await;
     }
 
     /// Takes one use of the first active fault accepted by `pick` for `path`.
@@ -1361,6 +1374,7 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
         decode_slots: Arc::new(tokio::sync::Semaphore::new(
             cfg.max_running_requests.max(1) as usize
         )),
+        prefill_compute: tokio::sync::Semaphore::new(1),
         prefix_cache: Mutex::new(HashSet::new()),
         next_id: AtomicU64::new(1),
         grpc: grpc::GrpcState::default(),

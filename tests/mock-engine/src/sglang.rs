@@ -381,7 +381,7 @@ pub(crate) async fn run_prefill_item(
     // "Forward pass", aborted if the decode withdraws meanwhile.
     let cached = shared.prefix_cached_tokens(&item.prompt_ids);
     tokio::select! {
-        _ = shared.latency(cfg.ttft_ms) => {}
+        _ = shared.prefill_forward(item.prompt_ids.len()) => {}
         Some(PEvent::DecodeAborted(addr)) = erx.recv() => {
             return Err(prefill_error(ctx, room, &format!("Decode instance could be dead, remote mooncake session {addr} is not alive")));
         }

@@ -462,7 +462,7 @@ pub(crate) async fn run_prefill_item(
         return Err(malformed(ctx, "KeyError: 'transfer_id'"));
     }
     let cached = shared.prefix_cached_tokens(&item.prompt_ids);
-    shared.latency(cfg.ttft_ms).await;
+    shared.prefill_forward(item.prompt_ids.len()).await;
     send_prompt(ctx, item, tx, cached, true);
     let s0 = fake_model::initial_state(&cfg.model, item.spec.seed, item.sample);
     let mut d = Decoder::new(
