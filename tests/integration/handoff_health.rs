@@ -483,3 +483,50 @@ async fn capacity_advice_changes_sides_with_the_load_shape() {
         t.await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_vllm_decode_that_recomputes_is_told_apart_from_one_that_received_the_kv() {
+    // vLLM's gRPC servicer always reports cached_tokens (the connector's included).
+    let cfg = |role, addr| {
+        let mut c = MockEngineConfig::grpc_test(EngineKind::Vllm, role, addr)
+            .with_vocab(crate::grpc_pd::vocab())
+            .with_connector(mock_engine::Connector::Nixl);
+        c.kv_load_failure_policy = LoadFailurePolicy::Recompute;
+        c
+    };
+    let p = MockEngine::spawn(cfg(Role::Prefill, [127, 0, 70, 9]))
+        .await
+        .unwrap();
+    let d = MockEngine::spawn(cfg(Role::Decode, [127, 0, 70, 10]))
+        .await
+        .unwrap();
+    let extra = format!("  model_path: {}\n", crate::grpc_pd::model_dir().display());
+    let mut gw = Gateway::start(&[p.worker_spec(), d.worker_spec()], &extra).await;
+    gw.wait_ready().await;
+    let body = chat();
+    let ask = || gw.post("/v1/chat/completions", &body);
+
+    let r = ask().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = gw.metrics().await;
+    assert_eq!(outcome(&m, "transferred", "nixl"), 1.0, "{m}");
+
+    d.inject(Fault::LinkDown {
+        peer: ip([127, 0, 70, 9]),
+    })
+    .await;
+    let r = ask().await;
+    assert_eq!(r.status, 200, "the recompute is silent: {}", r.text());
+    let m = gw.metrics().await;
+    assert_eq!(outcome(&m, "recomputed", "nixl"), 1.0, "{m}");
+    let prompt = r.json()["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert_eq!(
+        metric_value(
+            &m,
+            "pdgate_pd_recomputed_prompt_tokens_total",
+            &[("connector", "nixl")]
+        ),
+        Some(prompt),
+        "{m}"
+    );
+}
