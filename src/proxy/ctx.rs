@@ -42,6 +42,8 @@ pub struct RequestCtx {
     pub single_leg: Option<(Arc<Worker>, InFlight)>,
     /// Request body bytes seen on the single-leg path (payload cap).
     pub single_leg_body_bytes: usize,
+    /// The root span of a traced PD request (`--enable-trace`); its legs' spans are children.
+    pub trace: Option<crate::trace::RequestTrace>,
 }
 
 impl RequestCtx {
@@ -64,6 +66,7 @@ impl RequestCtx {
             client_gone: false,
             single_leg: None,
             single_leg_body_bytes: 0,
+            trace: None,
         }
     }
 }
