@@ -15,6 +15,7 @@ mod lifecycle;
 mod moriio;
 mod observability;
 mod operations;
+mod otlp_tracing;
 mod policies;
 mod request_shape;
 mod sglang;
