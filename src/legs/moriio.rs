@@ -10,6 +10,7 @@
 //! dropping the decode leg already in flight, whose response is held back until the handoff
 //! passed. The checks themselves live in `pdgate_filters::handoff::moriio`.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -111,7 +112,7 @@ struct Legs<'a> {
     dispatched: Instant,
 }
 
-impl Legs<'_> {
+impl<'a> Legs<'a> {
     fn route_path(&self) -> &'static str {
         self.req.route.upstream_path()
     }
@@ -134,13 +135,16 @@ impl Legs<'_> {
         }
     }
 
-    /// The span of one of this attempt's legs (`None` when the request is not traced).
-    fn trace(&self, ctx: &RequestCtx, role: LegRole) -> LegTrace {
+    /// The span of one of this attempt's legs (`None` when the request is not traced) and the
+    /// headers that leg sends (its own trace context when traced).
+    fn traced(&self, ctx: &RequestCtx, role: LegRole) -> (LegTrace, Cow<'a, ForwardHeaders>) {
         let worker = match role {
             LegRole::Prefill => &self.pair.prefill,
             LegRole::Decode => &self.pair.decode,
         };
-        trace::leg(ctx, role, LegTransport::Http, worker, LegFacts::default())
+        let span = trace::leg(ctx, role, LegTransport::Http, worker, LegFacts::default());
+        let headers = self.req.forward.traced(span.as_deref());
+        (span, headers)
     }
 
     /// Relays the decode response (the handoff passed) to the client.
@@ -216,8 +220,7 @@ async fn sequential(
     let (gw, req, pair) = (legs.gw, legs.req, legs.pair);
     let s = gw.settings();
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
-    let prefill_trace = legs.trace(ctx, LegRole::Prefill);
-    let prefill_headers = req.forward.traced(prefill_trace.as_deref());
+    let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
     let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
     let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
     let response = tokio::select! {
@@ -238,8 +241,7 @@ async fn sequential(
     let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(legs.route_path());
     let decode_body = vllm::decode_leg_body(&req.body, &req.top, Some(&params));
-    let mut decode_trace = legs.trace(ctx, LegRole::Decode);
-    let decode_headers = req.forward.traced(decode_trace.as_deref());
+    let (mut decode_trace, decode_headers) = legs.traced(ctx, LegRole::Decode);
     let decode_req = legs.leg(
         &pair.decode,
         &decode_path,
@@ -281,13 +283,11 @@ async fn concurrent(
     let (gw, req, pair) = (legs.gw, legs.req, legs.pair);
     let s = gw.settings();
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
-    let prefill_trace = legs.trace(ctx, LegRole::Prefill);
-    let prefill_headers = req.forward.traced(prefill_trace.as_deref());
+    let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
     let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
     let decode_path = pair.decode.address.path_for(legs.route_path());
     let decode_body = vllm::decode_leg_body(&req.body, &req.top, Some(decode_params));
-    let mut decode_trace = legs.trace(ctx, LegRole::Decode);
-    let decode_headers = req.forward.traced(decode_trace.as_deref());
+    let (mut decode_trace, decode_headers) = legs.traced(ctx, LegRole::Decode);
     let decode_req = legs.leg(
         &pair.decode,
         &decode_path,
