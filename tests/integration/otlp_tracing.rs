@@ -19,21 +19,6 @@ use crate::harness::{free_port, metric_value, Gateway};
 /// Long enough for a batch (1 s delay) and a slow CI machine.
 const SPANS_DEADLINE: Duration = Duration::from_secs(15);
 
-async fn mock(
-    engine: EngineKind,
-    role: Role,
-    ip: [u8; 4],
-    connector: Option<Connector>,
-) -> MockEngine {
-    let mut cfg = MockEngineConfig::test(engine, role, ip);
-    if let Some(c) = connector {
-        cfg = cfg.with_connector(c);
-    }
-    MockEngine::spawn(cfg)
-        .await
-        .unwrap_or_else(|e| panic!("{engine:?} {role:?} mock: {e}"))
-}
-
 async fn collector() -> MockCollector {
     MockCollector::spawn([127, 0, 0, 1].into())
         .await
@@ -46,6 +31,60 @@ async fn traced_gateway(workers: &[Value], endpoint: &str, extra: &str) -> Gatew
     let mut gw = Gateway::start(workers, &keys).await;
     gw.wait_ready().await;
     gw
+}
+
+/// Which endpoint of the mock collector a gateway exports to.
+#[derive(Clone, Copy)]
+enum Export {
+    Grpc,
+    Http,
+}
+
+/// A prefill/decode pair of mocks and a ready gateway over them exporting to a mock collector.
+struct TracedPair {
+    otel: MockCollector,
+    p: MockEngine,
+    d: MockEngine,
+    gw: Gateway,
+}
+
+impl TracedPair {
+    async fn start(
+        prefill: MockEngineConfig,
+        decode: MockEngineConfig,
+        export: Export,
+        extra: &str,
+    ) -> TracedPair {
+        let otel = collector().await;
+        let p = MockEngine::spawn(prefill).await.expect("prefill mock");
+        let d = MockEngine::spawn(decode).await.expect("decode mock");
+        let endpoint = match export {
+            Export::Grpc => otel.grpc_endpoint(),
+            Export::Http => otel.http_endpoint(),
+        };
+        let gw = traced_gateway(&[p.worker_spec(), d.worker_spec()], &endpoint, extra).await;
+        TracedPair { otel, p, d, gw }
+    }
+
+    /// An SGLang HTTP pair on `127.0.60.<prefill>` / `127.0.60.<decode>`.
+    async fn sglang(octets: (u8, u8), export: Export, extra: &str) -> TracedPair {
+        let cfg = |role, o| MockEngineConfig::test(EngineKind::Sglang, role, [127, 0, 60, o]);
+        TracedPair::start(
+            cfg(Role::Prefill, octets.0),
+            cfg(Role::Decode, octets.1),
+            export,
+            extra,
+        )
+        .await
+    }
+
+    /// A chat request with `x-request-id: id` (and `headers`); must answer `status`.
+    async fn chat(&self, id: &str, stream: bool, headers: &[(&str, &str)], status: u16) {
+        let mut all = vec![("x-request-id", id)];
+        all.extend_from_slice(headers);
+        let r = post_with(&self.gw, "/v1/chat/completions", &all, &chat(stream)).await;
+        assert_eq!(r.status, status, "{}", r.text());
+    }
 }
 
 fn chat(stream: bool) -> Value {
@@ -194,31 +233,19 @@ fn assert_pd_trace(t: &Trace, request_id: &str, prefill: &MockEngine, decode: &M
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_pd_request_is_a_server_span_with_a_client_span_per_leg() {
-    let otel = collector().await;
-    let p = mock(EngineKind::Sglang, Role::Prefill, [127, 0, 60, 1], None).await;
-    let d = mock(EngineKind::Sglang, Role::Decode, [127, 0, 60, 2], None).await;
-    let gw = traced_gateway(
-        &[p.worker_spec(), d.worker_spec()],
-        &otel.grpc_endpoint(),
-        "",
-    )
-    .await;
+    let t = TracedPair::sglang((1, 2), Export::Grpc, "").await;
     for (id, stream) in [("trace-sglang-json", false), ("trace-sglang-sse", true)] {
-        let r = post_with(
-            &gw,
-            "/v1/chat/completions",
-            &[("x-request-id", id)],
-            &chat(stream),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
-        let t = trace_of(&otel, id, 2).await;
-        assert_pd_trace(&t, id, &p, &d);
-        assert_eq!(t.root.via, "grpc");
-        assert_eq!(t.root.parent_span_id, "", "no client context: a new trace");
-        assert_eq!(t.root.attr("pd.streaming"), Some(&json!(stream)));
-        let room = record_of(&d, id).parsed.bootstrap_room.expect("a room");
-        for span in [&t.root, t.leg("prefill"), t.leg("decode")] {
+        t.chat(id, stream, &[], 200).await;
+        let trace = trace_of(&t.otel, id, 2).await;
+        assert_pd_trace(&trace, id, &t.p, &t.d);
+        assert_eq!(trace.root.via, "grpc");
+        assert_eq!(
+            trace.root.parent_span_id, "",
+            "no client context: a new trace"
+        );
+        assert_eq!(trace.root.attr("pd.streaming"), Some(&json!(stream)));
+        let room = record_of(&t.d, id).parsed.bootstrap_room.expect("a room");
+        for span in [&trace.root, trace.leg("prefill"), trace.leg("decode")] {
             assert_eq!(span.attr_str("pd.connector"), Some("bootstrap"));
             assert_eq!(span.attr("pd.bootstrap_room"), Some(&room), "{span:#?}");
         }
@@ -227,73 +254,53 @@ async fn sglang_pd_request_is_a_server_span_with_a_client_span_per_leg() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_pd_request_spans_carry_the_minted_transfer_id() {
-    let otel = collector().await;
-    let mooncake = Some(Connector::Mooncake);
-    let p = mock(EngineKind::Vllm, Role::Prefill, [127, 0, 60, 3], mooncake).await;
-    let d = mock(EngineKind::Vllm, Role::Decode, [127, 0, 60, 4], mooncake).await;
-    let gw = traced_gateway(
-        &[p.worker_spec(), d.worker_spec()],
-        &otel.grpc_endpoint(),
+    let cfg = |role, o| {
+        MockEngineConfig::test(EngineKind::Vllm, role, [127, 0, 60, o])
+            .with_connector(Connector::Mooncake)
+    };
+    let t = TracedPair::start(
+        cfg(Role::Prefill, 3),
+        cfg(Role::Decode, 4),
+        Export::Grpc,
         "",
     )
     .await;
     let id = "trace-vllm";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[("x-request-id", id)],
-        &chat(true),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let t = trace_of(&otel, id, 2).await;
-    assert_pd_trace(&t, id, &p, &d);
-    let minted = record_of(&d, id).body["kv_transfer_params"]["transfer_id"].clone();
+    t.chat(id, true, &[], 200).await;
+    let trace = trace_of(&t.otel, id, 2).await;
+    assert_pd_trace(&trace, id, &t.p, &t.d);
+    let minted = record_of(&t.d, id).body["kv_transfer_params"]["transfer_id"].clone();
     assert!(
         minted.as_str().is_some_and(|x| x.starts_with("xfer-")),
         "{minted}"
     );
-    for span in [&t.root, t.leg("prefill"), t.leg("decode")] {
+    for span in [&trace.root, trace.leg("prefill"), trace.leg("decode")] {
         assert_eq!(span.attr_str("pd.connector"), Some("mooncake"), "{span:#?}");
         assert_eq!(span.attr("pd.transfer_id"), Some(&minted), "{span:#?}");
         assert_eq!(span.attr("pd.bootstrap_room"), None);
     }
     // Sequential: the decode leg starts after the prefill leg ended.
-    let (pl, dl) = (t.leg("prefill"), t.leg("decode"));
+    let (pl, dl) = (trace.leg("prefill"), trace.leg("decode"));
     assert!(dl.start_unix_nano >= pl.end_unix_nano, "{pl:#?}\n{dl:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_incoming_traceparent_is_continued_and_each_leg_names_its_own_span() {
-    let otel = collector().await;
-    let p = mock(EngineKind::Sglang, Role::Prefill, [127, 0, 60, 5], None).await;
-    let d = mock(EngineKind::Sglang, Role::Decode, [127, 0, 60, 6], None).await;
-    let gw = traced_gateway(
-        &[p.worker_spec(), d.worker_spec()],
-        &otel.grpc_endpoint(),
-        "",
-    )
-    .await;
+    let t = TracedPair::sglang((5, 6), Export::Grpc, "").await;
     let (trace_id, client_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let id = "trace-continued";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[
-            ("x-request-id", id),
-            ("traceparent", &format!("00-{trace_id}-{client_span}-01")),
-            ("tracestate", "congo=t61rcWkgMzE"),
-        ],
-        &chat(false),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let t = trace_of(&otel, id, 2).await;
-    assert_pd_trace(&t, id, &p, &d);
-    assert_eq!(t.root.trace_id, trace_id);
-    assert_eq!(t.root.parent_span_id, client_span);
-    for (role, engine) in [("prefill", &p), ("decode", &d)] {
-        let leg = t.leg(role);
+    let parent = format!("00-{trace_id}-{client_span}-01");
+    let context = [
+        ("traceparent", parent.as_str()),
+        ("tracestate", "congo=t61rcWkgMzE"),
+    ];
+    t.chat(id, false, &context, 200).await;
+    let trace = trace_of(&t.otel, id, 2).await;
+    assert_pd_trace(&trace, id, &t.p, &t.d);
+    assert_eq!(trace.root.trace_id, trace_id);
+    assert_eq!(trace.root.parent_span_id, client_span);
+    for (role, engine) in [("prefill", &t.p), ("decode", &t.d)] {
+        let leg = trace.leg(role);
         assert_eq!(leg.trace_id, trace_id);
         assert_ne!(leg.span_id, client_span);
         let got = record_of(engine, id);
@@ -308,21 +315,9 @@ async fn an_incoming_traceparent_is_continued_and_each_leg_names_its_own_span() 
     // (with the not-sampled flag) under spans of their own.
     let id = "trace-not-sampled";
     let unsampled = "0af7651916cd43dd8448eb211c80319c";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[
-            ("x-request-id", id),
-            (
-                "traceparent",
-                &format!("00-{unsampled}-b7ad6b7169203331-00"),
-            ),
-        ],
-        &chat(false),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    for engine in [&p, &d] {
+    let parent = format!("00-{unsampled}-b7ad6b7169203331-00");
+    t.chat(id, false, &[("traceparent", &parent)], 200).await;
+    for engine in [&t.p, &t.d] {
         let got = record_of(engine, id);
         let tp = got.header("traceparent").unwrap_or_default().to_string();
         assert!(
@@ -334,75 +329,55 @@ async fn an_incoming_traceparent_is_continued_and_each_leg_names_its_own_span() 
             "the leg's own span id: {tp}"
         );
     }
-    // The sampled request's spans came; give a later batch its time, then look for the other.
+    // A sampled request after it: once its spans are in, the unsampled one's would be too.
     let marker = "trace-after-unsampled";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[("x-request-id", marker)],
-        &chat(false),
-    )
-    .await;
-    assert_eq!(r.status, 200);
-    trace_of(&otel, marker, 2).await;
+    t.chat(marker, false, &[], 200).await;
+    trace_of(&t.otel, marker, 2).await;
     assert!(
-        otel.spans().iter().all(|s| s.trace_id != unsampled),
+        t.otel.spans().iter().all(|s| s.trace_id != unsampled),
         "an unsampled trace was exported"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_otlp_http_protobuf_endpoint_gets_the_same_spans() {
-    let otel = collector().await;
-    let p = mock(EngineKind::Sglang, Role::Prefill, [127, 0, 60, 7], None).await;
-    let d = mock(EngineKind::Sglang, Role::Decode, [127, 0, 60, 8], None).await;
-    let gw = traced_gateway(
-        &[p.worker_spec(), d.worker_spec()],
-        &otel.http_endpoint(),
-        "",
-    )
-    .await;
+    let t = TracedPair::sglang((7, 8), Export::Http, "").await;
     let id = "trace-over-http";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[("x-request-id", id)],
-        &chat(true),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let t = trace_of(&otel, id, 2).await;
-    assert_pd_trace(&t, id, &p, &d);
+    t.chat(id, true, &[], 200).await;
+    let trace = trace_of(&t.otel, id, 2).await;
+    assert_pd_trace(&trace, id, &t.p, &t.d);
     assert!(
-        [&t.root, t.leg("prefill"), t.leg("decode")]
+        [&trace.root, trace.leg("prefill"), trace.leg("decode")]
             .iter()
             .all(|s| s.via == "http"),
         "{:#?}",
-        t.root
+        trace.root
     );
-    let m = gw
-        .metrics_when(|m| {
-            metric_value(m, "pdgate_trace_spans_exported_total", &[]).is_some_and(|n| n >= 3.0)
-        })
-        .await;
-    assert!(
-        metric_value(&m, "pdgate_trace_spans_exported_total", &[]).is_some_and(|n| n >= 3.0),
-        "{m}"
-    );
+    let exported = |m: &str| metric_value(m, "pdgate_trace_spans_exported_total", &[]);
+    let m =
+        t.gw.metrics_when(|m| exported(m).is_some_and(|n| n >= 3.0))
+            .await;
+    assert!(exported(&m).is_some_and(|n| n >= 3.0), "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_is_down_costs_nothing_and_its_spans_are_counted_as_dropped() {
-    let p = mock(EngineKind::Sglang, Role::Prefill, [127, 0, 60, 9], None).await;
-    let d = mock(EngineKind::Sglang, Role::Decode, [127, 0, 60, 10], None).await;
+    let cfg = |role, o| MockEngineConfig::test(EngineKind::Sglang, role, [127, 0, 60, o]);
+    let p = MockEngine::spawn(cfg(Role::Prefill, 9))
+        .await
+        .expect("prefill mock");
+    let d = MockEngine::spawn(cfg(Role::Decode, 10))
+        .await
+        .expect("decode mock");
     // Nothing listens there.
     let nowhere = format!("127.0.0.1:{}", free_port());
     let gw = traced_gateway(&[p.worker_spec(), d.worker_spec()], &nowhere, "").await;
     for i in 0..5 {
+        let id = format!("down-{i}");
         let r = post_with(
             &gw,
             "/v1/chat/completions",
-            &[("x-request-id", &format!("down-{i}"))],
+            &[("x-request-id", &id)],
             &chat(i % 2 == 0),
         )
         .await;
@@ -426,122 +401,31 @@ async fn a_collector_that_is_down_costs_nothing_and_its_spans_are_counted_as_dro
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_flushes_the_last_spans_before_exit() {
-    let otel = collector().await;
-    let p = mock(EngineKind::Sglang, Role::Prefill, [127, 0, 60, 11], None).await;
-    let d = mock(EngineKind::Sglang, Role::Decode, [127, 0, 60, 12], None).await;
-    let mut gw = traced_gateway(
-        &[p.worker_spec(), d.worker_spec()],
-        &otel.grpc_endpoint(),
-        "",
-    )
-    .await;
+    let mut t = TracedPair::sglang((11, 12), Export::Grpc, "").await;
     let id = "trace-at-exit";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[("x-request-id", id)],
-        &chat(false),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    t.chat(id, false, &[], 200).await;
     // At once, before the batch's 1 s delay: only the exit's flush can deliver the spans.
-    gw.signal("TERM");
-    let status = gw.wait_exit(Duration::from_secs(15)).await;
+    t.gw.signal("TERM");
+    let status = t.gw.wait_exit(Duration::from_secs(15)).await;
     assert!(
         status.is_some_and(|s| s.success()),
         "{status:?}\n{}",
-        gw.log()
+        t.gw.log()
     );
-    let spans = otel.spans();
-    assert!(
-        spans
-            .iter()
-            .any(|s| s.attr_str("pd.request_id") == Some(id) && s.kind == "server"),
-        "{spans:#?}\n{}",
-        gw.log()
-    );
-    assert_eq!(
-        spans
-            .iter()
-            .filter(|s| s.attr_str("pd.request_id") == Some(id))
-            .count(),
-        3
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_pd_legs_are_client_spans_and_carry_their_context_as_metadata() {
-    let otel = collector().await;
-    let engine = |role, ip| async move {
-        let cfg = MockEngineConfig::grpc_test(EngineKind::Sglang, role, ip)
-            .with_vocab(crate::grpc_pd::vocab());
-        MockEngine::spawn(cfg).await.expect("spawn a gRPC mock")
-    };
-    let p = engine(Role::Prefill, [127, 0, 60, 13]).await;
-    let d = engine(Role::Decode, [127, 0, 60, 14]).await;
-    let extra = format!("  model_path: {}\n", crate::grpc_pd::model_dir().display());
-    let gw = traced_gateway(
-        &[p.worker_spec(), d.worker_spec()],
-        &otel.grpc_endpoint(),
-        &extra,
-    )
-    .await;
-    let id = "trace-grpc";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[("x-request-id", id)],
-        &chat(true),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let t = trace_of(&otel, id, 2).await;
-    assert_eq!(t.root.name, "POST /v1/chat/completions");
-    assert_eq!(t.root.attr_i64("http.response.status_code"), Some(200));
-    assert_eq!(t.root.attr_str("pd.outcome"), Some("ok"));
-    let room = t.root.attr_i64("pd.bootstrap_room").expect("a room");
-    for (role, engine) in [("prefill", &p), ("decode", &d)] {
-        let leg = t.leg(role);
-        assert_eq!(leg.kind, "client");
-        assert_eq!(leg.attr_str("rpc.system"), Some("grpc"));
-        assert_eq!(leg.attr_i64("rpc.grpc.status_code"), Some(0), "{leg:#?}");
-        assert_eq!(leg.attr_str("pd.outcome"), Some("ok"), "{leg:#?}");
-        assert_eq!(leg.attr_i64("pd.bootstrap_room"), Some(room));
-        let got = engine
-            .records()
-            .into_iter()
-            .find(|r| {
-                r.grpc
-                    .as_ref()
-                    .is_some_and(|g| g.request_id.starts_with(id))
-            })
-            .unwrap_or_else(|| panic!("{role}: no gRPC record of {id}"));
-        assert_eq!(
-            got.header("traceparent"),
-            Some(traceparent_of(leg).as_str()),
-            "{role} metadata"
-        );
-    }
-    assert!(
-        t.leg("decode")
-            .attr_i64("pd.output_tokens")
-            .is_some_and(|n| n > 0),
-        "{:#?}",
-        t.leg("decode")
-    );
+    let of_request: Vec<ReceivedSpan> = t
+        .otel
+        .spans()
+        .into_iter()
+        .filter(|s| s.attr_str("pd.request_id") == Some(id))
+        .collect();
+    assert_eq!(of_request.len(), 3, "{of_request:#?}\n{}", t.gw.log());
+    assert!(of_request.iter().any(|s| s.kind == "server"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_leg_is_an_error_span_and_a_retry_gets_spans_of_its_own() {
-    let otel = collector().await;
-    let p = mock(EngineKind::Sglang, Role::Prefill, [127, 0, 60, 15], None).await;
-    let d = mock(EngineKind::Sglang, Role::Decode, [127, 0, 60, 16], None).await;
-    let gw = traced_gateway(
-        &[p.worker_spec(), d.worker_spec()],
-        &otel.grpc_endpoint(),
-        "  retry_initial_backoff_ms: 1\n  retry_max_retries: 2\n",
-    )
-    .await;
+    let retries = "  retry_initial_backoff_ms: 1\n  retry_max_retries: 2\n";
+    let t = TracedPair::sglang((15, 16), Export::Grpc, retries).await;
     let fail = |count| Fault::FailStatus {
         status: 503,
         body: None,
@@ -553,27 +437,24 @@ async fn a_failed_leg_is_an_error_span_and_a_retry_gets_spans_of_its_own() {
     };
 
     // The first decode answers 503; the retry (attempt 2) goes through.
-    d.inject(fail(Some(1))).await;
+    t.d.inject(fail(Some(1))).await;
     let id = "trace-retried";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[("x-request-id", id)],
-        &chat(false),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let t = trace_of(&otel, id, 4).await;
-    assert_eq!(t.root.attr_i64("pd.attempts"), Some(2));
+    t.chat(id, false, &[], 200).await;
+    let trace = trace_of(&t.otel, id, 4).await;
+    assert_eq!(trace.root.attr_i64("pd.attempts"), Some(2));
     assert_eq!(
-        (t.root.attr_str("pd.outcome"), t.root.status.as_str()),
+        (
+            trace.root.attr_str("pd.outcome"),
+            trace.root.status.as_str()
+        ),
         (Some("ok"), "unset")
     );
     let attempt = |n: i64, role: &str| -> &ReceivedSpan {
-        t.legs
+        trace
+            .legs
             .iter()
             .find(|s| s.attr_i64("pd.attempt") == Some(n) && s.attr_str("pd.leg") == Some(role))
-            .unwrap_or_else(|| panic!("no attempt {n} {role} span: {:#?}", t.legs))
+            .unwrap_or_else(|| panic!("no attempt {n} {role} span: {:#?}", trace.legs))
     };
     let failed = attempt(1, "decode");
     assert_eq!(failed.attr_i64("http.response.status_code"), Some(503));
@@ -597,23 +478,148 @@ async fn a_failed_leg_is_an_error_span_and_a_retry_gets_spans_of_its_own() {
     );
 
     // Every attempt fails: the root is an error with the gateway's code.
-    d.inject(fail(None)).await;
+    t.d.inject(fail(None)).await;
     let id = "trace-failed";
-    let r = post_with(
-        &gw,
-        "/v1/chat/completions",
-        &[("x-request-id", id)],
-        &chat(false),
-    )
-    .await;
-    assert_eq!(r.status, 503, "{}", r.text());
-    let t = trace_of(&otel, id, 4).await;
-    assert_eq!(t.root.attr_i64("http.response.status_code"), Some(503));
-    assert_eq!(t.root.attr_str("pd.outcome"), Some("error"));
-    assert_eq!(t.root.status, "error");
-    let code = t
+    t.chat(id, false, &[], 503).await;
+    let trace = trace_of(&t.otel, id, 4).await;
+    assert_eq!(trace.root.attr_i64("http.response.status_code"), Some(503));
+    assert_eq!(trace.root.attr_str("pd.outcome"), Some("error"));
+    assert_eq!(trace.root.status, "error");
+    let code = trace
         .root
         .attr_str("error.type")
         .expect("the gateway's error code");
-    assert_eq!(t.root.status_message, code);
+    assert_eq!(trace.root.status_message, code);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_pd_legs_are_client_spans_and_carry_their_context_as_metadata() {
+    let cfg = |role, o| {
+        MockEngineConfig::grpc_test(EngineKind::Sglang, role, [127, 0, 60, o])
+            .with_vocab(crate::grpc_pd::vocab())
+    };
+    let extra = format!("  model_path: {}\n", crate::grpc_pd::model_dir().display());
+    let t = TracedPair::start(
+        cfg(Role::Prefill, 13),
+        cfg(Role::Decode, 14),
+        Export::Grpc,
+        &extra,
+    )
+    .await;
+    let id = "trace-grpc";
+    t.chat(id, true, &[], 200).await;
+    let trace = trace_of(&t.otel, id, 2).await;
+    assert_eq!(trace.root.name, "POST /v1/chat/completions");
+    assert_eq!(trace.root.attr_i64("http.response.status_code"), Some(200));
+    assert_eq!(trace.root.attr_str("pd.outcome"), Some("ok"));
+    let room = trace.root.attr_i64("pd.bootstrap_room").expect("a room");
+    for (role, engine) in [("prefill", &t.p), ("decode", &t.d)] {
+        let leg = trace.leg(role);
+        assert_eq!(leg.kind, "client");
+        assert_eq!(leg.attr_str("rpc.system"), Some("grpc"));
+        assert_eq!(leg.attr_i64("rpc.grpc.status_code"), Some(0), "{leg:#?}");
+        assert_eq!(leg.attr_str("pd.outcome"), Some("ok"), "{leg:#?}");
+        assert_eq!(leg.attr_i64("pd.bootstrap_room"), Some(room));
+        let got = engine
+            .records()
+            .into_iter()
+            .find(|r| {
+                r.grpc
+                    .as_ref()
+                    .is_some_and(|g| g.request_id.starts_with(id))
+            })
+            .unwrap_or_else(|| panic!("{role}: no gRPC record of {id}"));
+        assert_eq!(
+            got.header("traceparent"),
+            Some(traceparent_of(leg).as_str()),
+            "{role} metadata"
+        );
+    }
+    let decode = trace.leg("decode");
+    assert!(
+        decode.attr_i64("pd.output_tokens").is_some_and(|n| n > 0),
+        "{decode:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_fanned_out_sample_has_its_own_leg_spans_and_room() {
+    let t = TracedPair::sglang((17, 18), Export::Grpc, "").await;
+    let id = "trace-fanout";
+    let body = json!({"model": "mock-model", "max_tokens": 4, "n": 2,
+        "messages": [{"role": "user", "content": "two samples"}]});
+    let r = post_with(
+        &t.gw,
+        "/v1/chat/completions",
+        &[("x-request-id", id)],
+        &body,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let trace = trace_of(&t.otel, id, 4).await;
+    for j in 0..2i64 {
+        let sample_id = format!("{id}-{j}");
+        for (role, engine) in [("prefill", &t.p), ("decode", &t.d)] {
+            let leg = trace
+                .legs
+                .iter()
+                .find(|s| s.attr_i64("pd.sample") == Some(j) && s.attr_str("pd.leg") == Some(role))
+                .unwrap_or_else(|| panic!("no sample {j} {role} span: {:#?}", trace.legs));
+            let got = record_of(engine, &sample_id);
+            assert_eq!(
+                got.header("traceparent"),
+                Some(traceparent_of(leg).as_str())
+            );
+            assert_eq!(
+                leg.attr("pd.bootstrap_room"),
+                got.parsed.bootstrap_room.as_ref(),
+                "sample {j} {role}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moriio_legs_are_traced_in_both_dispatch_modes() {
+    for (octets, concurrent) in [((19, 20), false), ((21, 22), true)] {
+        let cfg = |role, o| {
+            MockEngineConfig::test(EngineKind::Vllm, role, [127, 0, 60, o])
+                .with_connector(Connector::MoriioWrite)
+        };
+        let otel = collector().await;
+        let p = MockEngine::spawn(cfg(Role::Prefill, octets.0))
+            .await
+            .expect("prefill mock");
+        let d = MockEngine::spawn(cfg(Role::Decode, octets.1))
+            .await
+            .expect("decode mock");
+        let mut decode_spec = d.worker_spec();
+        if concurrent {
+            decode_spec["labels"]["moriio_write_dispatch"] = json!("concurrent");
+        }
+        let gw = traced_gateway(&[p.worker_spec(), decode_spec], &otel.grpc_endpoint(), "").await;
+        let id = if concurrent {
+            "trace-mori-concurrent"
+        } else {
+            "trace-mori-sequential"
+        };
+        let r = post_with(
+            &gw,
+            "/v1/chat/completions",
+            &[("x-request-id", id)],
+            &chat(false),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let trace = trace_of(&otel, id, 2).await;
+        assert_pd_trace(&trace, id, &p, &d);
+        let minted = record_of(&d, id)
+            .handoff
+            .transfer_id
+            .expect("a transfer id");
+        for span in [&trace.root, trace.leg("prefill"), trace.leg("decode")] {
+            assert_eq!(span.attr_str("pd.connector"), Some("moriio"), "{span:#?}");
+            assert_eq!(span.attr_str("pd.transfer_id"), Some(minted.as_str()));
+        }
+    }
 }
