@@ -19,6 +19,9 @@
 #   # several pdgate builds in one run (an A/B), three rounds with the order reversed every other
 #   BIN_DIR=/tmp/pdgate-head PDGATE_ALT='before=/tmp/pdgate-before/pdgate' ROUNDS=3
 #     MODES=canned STREAM=off STREAMS=0 CONCURRENCY=1,64 PROMPTS=1024 bench/run.sh
+#   # one build, two configs: tracing off (pdgate) and on (traced, exporting to a mock collector)
+#   PDGATE_ALT="traced=$PWD/target/release/pdgate" PDGATE_ALT_YAML='  enable_trace: true
+#     otlp_traces_endpoint: {otlp_grpc}' ROUNDS=3 MODES=canned STREAMS=0 CONCURRENCY=1,64 bench/run.sh
 #
 # Placeholders in PEER_CMD / PEER_GRPC_CMD: {prefill} {bootstrap} {decode} (engine URLs — http://
 # or grpc:// — and the bootstrap port), {host} {port} (where the peer must listen), {metrics_port}
@@ -38,7 +41,10 @@
 # skips), HOLD_SECS, LOADGEN_THREADS, MAX_TOKENS, MODELED_TTFT_MS / MODELED_ITL_MS, HOLD_ITL_MS,
 # PDGATE_ALT ("NAME=PATH …": other pdgate binaries, each run with the same generated config on
 # the same HTTP engines as target NAME, right after pdgate; the first is the HTTP tables' peer
-# when there is no PEER_CMD), PEER_GRPC_CMD / PEER_GRPC_NAME, MODEL_DIR (default $OUT/model).
+# when there is no PEER_CMD), PDGATE_ALT_YAML (more `gateway:` lines, indented two spaces, for
+# PDGATE_ALT's gateways only; `{otlp_grpc}` / `{otlp_http}` in it start a mock OTLP collector,
+# `mock-collector`, and name its gRPC / HTTP endpoint), PEER_GRPC_CMD / PEER_GRPC_NAME, MODEL_DIR
+# (default $OUT/model).
 #
 # Engines: three identical mock SGLang engines per mode, role `both` (they serve a PD leg body as
 # a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
@@ -59,6 +65,7 @@ PEER_NAME=${PEER_NAME:-peer}
 PEER_GRPC_CMD=${PEER_GRPC_CMD:-}
 PEER_GRPC_NAME=${PEER_GRPC_NAME:-$PEER_NAME-grpc}
 PDGATE_ALT=${PDGATE_ALT:-}
+PDGATE_ALT_YAML=${PDGATE_ALT_YAML:-}
 STREAM=${STREAM:-off,on}
 ROUNDS=${ROUNDS:-1}
 MODEL_DIR=${MODEL_DIR:-$OUT/model}
@@ -120,6 +127,23 @@ start_pd_pdgate() {
     "$(worker_yaml "$3" prefill "$4"; worker_yaml "$5" decode)" "${6:-}"
 }
 
+# alt_yaml BASE: sets ALT_EXTRA to PDGATE_ALT_YAML with its collector placeholders resolved (and
+# the mock collector started on BASE+30 / BASE+31 when it names one).
+alt_yaml() {
+  local base=$1 yaml=$PDGATE_ALT_YAML
+  if [[ $yaml == *"{otlp_"* ]]; then
+    local grpc=$((base + 30)) http=$((base + 31))
+    port_free "$grpc" && port_free "$http" || die "ports $grpc/$http are busy (set PORT_BASE)"
+    "$BIN/mock-collector" --host 127.0.0.1 --grpc-port "$grpc" --http-port "$http" --keep 0 \
+      >"$OUT/logs/collector-$base.log" 2>&1 &
+    PIDS+=("$!")
+    wait_http "http://127.0.0.1:$http/mock/stats" || die "mock collector did not start"
+    yaml=${yaml//\{otlp_grpc\}/127.0.0.1:$grpc}
+    yaml=${yaml//\{otlp_http\}/http://127.0.0.1:$http/v1/traces}
+  fi
+  ALT_EXTRA=$yaml
+}
+
 # start_peer NAME PORT PREFILL_URL BOOTSTRAP DECODE_URL CMD: sets PEER_PID (empty without CMD).
 start_peer() {
   PEER_PID=
@@ -171,6 +195,7 @@ esac
   echo "peer: ${PEER_CMD:+$PEER_NAME: $PEER_CMD}"
   echo "gRPC peer: ${PEER_GRPC_CMD:+$PEER_GRPC_NAME: $PEER_GRPC_CMD}"
   [[ -z $PDGATE_ALT ]] || echo "other pdgate builds: $PDGATE_ALT"
+  [[ -z $PDGATE_ALT_YAML ]] || echo "their extra gateway keys: $(echo "$PDGATE_ALT_YAML" | xargs)"
   echo "STREAM=$STREAM ROUNDS=$ROUNDS MODEL_DIR=$MODEL_DIR"
 } >"$OUT/env.txt"
 
@@ -199,11 +224,12 @@ for mode in $MODES; do
   [[ $grpc == 1 ]] && subject=pdgate-http
   start_pd_pdgate "$mode-$subject" $((base + 10)) "$http:$((base + 2))" $((base + 4)) "$http:$((base + 3))"
   gateways+=("$subject=$http:$((base + 10)),pid=$GW_PID")
-  alt_port=$((base + 20)) first_alt=
+  alt_port=$((base + 20)) first_alt= ALT_EXTRA=
+  [[ -z $PDGATE_ALT || -z $PDGATE_ALT_YAML ]] || alt_yaml "$base"
   for alt in $PDGATE_ALT; do
     [[ $alt == *=* ]] || die "PDGATE_ALT: want NAME=PATH, got $alt"
     GW_EXE=${alt#*=} start_pd_pdgate "$mode-${alt%%=*}" $alt_port \
-      "$http:$((base + 2))" $((base + 4)) "$http:$((base + 3))"
+      "$http:$((base + 2))" $((base + 4)) "$http:$((base + 3))" "$ALT_EXTRA"
     gateways+=("${alt%%=*}=$http:$alt_port,pid=$GW_PID")
     first_alt=${first_alt:-${alt%%=*}}
     alt_port=$((alt_port + 2))

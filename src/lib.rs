@@ -20,4 +20,5 @@ pub mod proxy;
 pub mod reload;
 pub mod reply;
 pub mod server;
+pub mod trace;
 pub mod workers;

@@ -107,7 +107,7 @@ fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
         conf: None,
     };
     match pdgate::server::build(loaded, opt) {
-        Ok(server) => server.run_forever(),
+        Ok(server) => pdgate::server::run(server),
         Err(e) => {
             eprintln!("pdgate: {e}");
             ExitCode::FAILURE

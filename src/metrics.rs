@@ -72,6 +72,8 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     pub handoffs_open: IntGauge,
     pub handoffs_abnormal: IntCounter,
+    pub trace_spans_exported: IntCounter,
+    pub trace_spans_dropped: IntCounterVec,
     pub engine_pd_kv_transfer_latency_ms: GaugeVec,
     pub engine_pd_kv_transfer_speed_gb_s: GaugeVec,
     pub engine_pd_prefill_queue_reqs: GaugeVec,
@@ -320,6 +322,15 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     handoffs_abnormal: counter(
         "pdgate_handoffs_abnormal_total",
         "Rendezvous whose request ended abnormally (error, hang-up, timeout)",
+    ),
+    trace_spans_exported: counter(
+        "pdgate_trace_spans_exported_total",
+        "Trace spans the OTLP collector accepted (--enable-trace)",
+    ),
+    trace_spans_dropped: counter_vec(
+        "pdgate_trace_spans_dropped_total",
+        "Trace spans lost: queue_full (the exporter fell behind), export_failed (the collector refused or was unreachable), shutdown (the process exited first)",
+        &["reason"],
     ),
     http_requests: counter_vec(
         "smg_http_requests_total",

@@ -37,6 +37,7 @@ impl std::fmt::Display for BuildError {
 /// Builds (but does not run) the server.
 pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     crate::metrics::init();
+    crate::trace::init(&loaded.gateway).map_err(|e| BuildError(format!("tracing: {e}")))?;
     let startup: Vec<_> = loaded.startup_workers().cloned().collect();
     let cfg = loaded.gateway.clone();
     // Pingora's ServerConf is not Clone; the gateway keeps a copy of the startup settings so a
@@ -113,6 +114,18 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     ));
     server.add_service(background_service("config reload", ReloadOnHangup { gw }));
     Ok(server)
+}
+
+/// How long the exit waits for the last spans to reach the collector.
+const TRACE_FLUSH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Runs the server until it shuts down (SIGTERM, SIGINT, or the hand-over of a graceful
+/// upgrade), then flushes the trace exporter (bounded) and exits. Pingora's `run_forever` exits
+/// the process as soon as its runtimes are down, before spans ended by that shutdown could go.
+pub fn run(server: Server) -> ! {
+    server.run(pingora::server::RunArgs::default());
+    crate::trace::shutdown(TRACE_FLUSH_DEADLINE);
+    std::process::exit(0)
 }
 
 /// A client-facing proxy service on `addr`, hosted so that its keep-alive connections drain

@@ -243,3 +243,8 @@ pub const PINGORA_GRACE_PERIOD_SECS: u64 = 300;
 pub const SHUTDOWN_GRACE_PERIOD_SECS: u64 = 180;
 /// SMG: `--log-level`.
 pub const LOG_LEVEL: &str = "info";
+
+// ---- Tracing ------------------------------------------------------------------------------------
+
+/// SMG: `--otlp-traces-endpoint` (OTLP/gRPC to a local collector).
+pub const OTLP_TRACES_ENDPOINT: &str = "localhost:4317";

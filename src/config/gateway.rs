@@ -513,6 +513,17 @@ pub struct GatewayConfig {
     #[arg(long, help_heading = "Logging")]
     pub log_json: bool,
 
+    // ---- Tracing -------------------------------------------------------------------------------
+    /// Export OpenTelemetry traces: one server span per PD request, one client span per leg
+    /// (needs a restart to change).
+    #[arg(long, help_heading = "Tracing")]
+    pub enable_trace: bool,
+
+    /// OTLP collector for enable_trace: host:port or grpc://host:port (OTLP/gRPC), or
+    /// http://host:port/v1/traces (OTLP/HTTP protobuf).
+    #[arg(long, default_value = defaults::OTLP_TRACES_ENDPOINT, help_heading = "Tracing")]
+    pub otlp_traces_endpoint: String,
+
     // ---- Workers -------------------------------------------------------------------------------
     /// Startup workers, each a `POST /workers` body (YAML only; `launch` uses --prefill and
     /// --decode).
@@ -630,6 +641,13 @@ impl GatewayConfig {
             .iter()
             .map(|s| super::IpNet::parse(s))
             .collect()
+    }
+
+    /// The collector of `enable_trace` (`None` when tracing is off). Validated at load, so an
+    /// error here means the config skipped validation.
+    pub fn otlp_endpoint(&self) -> Option<Result<super::OtlpEndpoint, String>> {
+        self.enable_trace
+            .then(|| super::OtlpEndpoint::parse(&self.otlp_traces_endpoint))
     }
 
     /// The default `log` filter (`RUST_LOG`, when set, should win).

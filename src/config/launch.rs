@@ -207,7 +207,6 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("redis_retention_days", Refused, "history storage is not supported"),
         ("tls_cert_path", Refused, "TLS termination is not supported yet; terminate TLS in front of pdgate"),
         ("tls_key_path", Refused, "TLS termination is not supported yet; terminate TLS in front of pdgate"),
-        ("enable_trace", Refused, "OpenTelemetry tracing is not supported yet"),
         ("jwt_issuer", Refused, "control-plane JWT/OIDC authentication is not supported; use --api-key and a separate admin listener (admin_port)"),
         ("jwt_audience", Refused, "control-plane JWT/OIDC authentication is not supported"),
         ("jwt_jwks_uri", Refused, "control-plane JWT/OIDC authentication is not supported"),
@@ -226,7 +225,6 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("priority_scheduler_default_max_class", Ignored, "only used with the priority scheduler"),
         ("priority_scheduler_tenant_metric_top_n", Ignored, "only used with the priority scheduler"),
         ("tenant_header_name", Ignored, "only used with --trust-tenant-header"),
-        ("otlp_traces_endpoint", Ignored, "only used with --enable-trace"),
         ("disable_audit_logging", Ignored, "pdgate has no control-plane audit log"),
         ("job_queue_capacity", Ignored, "pdgate registers workers without SMG's job queue"),
         ("job_queue_concurrency", Ignored, "pdgate registers workers without SMG's job queue"),
@@ -358,8 +356,6 @@ pub struct SmgOnlyFlags {
     #[arg(long, hide = true)]
     tls_key_path: Option<String>,
     #[arg(long, hide = true)]
-    enable_trace: bool,
-    #[arg(long, hide = true)]
     jwt_issuer: Option<String>,
     #[arg(long, hide = true)]
     jwt_audience: Option<String>,
@@ -395,8 +391,6 @@ pub struct SmgOnlyFlags {
     priority_scheduler_tenant_metric_top_n: Option<String>,
     #[arg(long, hide = true)]
     tenant_header_name: Option<String>,
-    #[arg(long, hide = true)]
-    otlp_traces_endpoint: Option<String>,
     #[arg(long, hide = true)]
     disable_audit_logging: bool,
     #[arg(long, hide = true)]
@@ -519,7 +513,6 @@ impl SmgOnlyFlags {
             redis_retention_days,
             tls_cert_path,
             tls_key_path,
-            enable_trace,
             jwt_issuer,
             jwt_audience,
             jwt_jwks_uri,
@@ -538,7 +531,6 @@ impl SmgOnlyFlags {
             priority_scheduler_default_max_class,
             priority_scheduler_tenant_metric_top_n,
             tenant_header_name,
-            otlp_traces_endpoint,
             disable_audit_logging,
             job_queue_capacity,
             job_queue_concurrency,

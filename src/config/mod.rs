@@ -16,6 +16,7 @@ mod file;
 mod gateway;
 mod launch;
 mod net;
+mod otlp;
 mod reload;
 mod validate;
 mod views;
@@ -37,6 +38,7 @@ pub use launch::{
     normalize_launch_argv, Disposition, LaunchArgs, SmgOnlyFlags, StartupWorkerArg, SMG_ONLY_FLAGS,
 };
 pub use net::IpNet;
+pub use otlp::{OtlpEndpoint, OtlpProtocol};
 pub use reload::restart_required;
 pub use validate::validate;
 pub use views::{

@@ -1,11 +1,12 @@
 //! What a SIGHUP reload may change in place. Everything in [`super::GatewayConfig`] is swapped
-//! atomically except the listeners, which Pingora binds once: changing one needs a graceful
-//! upgrade (SIGQUIT + `-u`). Pingora's own settings are read only at startup.
+//! atomically except the listeners, which Pingora binds once, and tracing (the exporter is set
+//! up once): changing one needs a graceful upgrade (SIGQUIT + `-u`). Pingora's own settings are
+//! read only at startup.
 
 use super::LoadedConfig;
 
 /// The settings that differ between `old` and `new` but cannot take effect without a restart
-/// (listener addresses and any Pingora top-level key), as YAML key paths. Empty: the reload can
+/// (listener addresses, tracing and any Pingora top-level key), as YAML key paths. Empty: the reload can
 /// be applied in place.
 pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
     let (a, b) = (&old.gateway, &new.gateway);
@@ -23,6 +24,12 @@ pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
         ("admin_port", a.admin_port != b.admin_port),
         // The logger is installed once, at startup.
         ("log_json", a.log_json != b.log_json),
+        // The exporter and its thread are set up once at startup.
+        ("enable_trace", a.enable_trace != b.enable_trace),
+        (
+            "otlp_traces_endpoint",
+            a.otlp_traces_endpoint != b.otlp_traces_endpoint,
+        ),
     ];
     keys.extend(
         listeners

@@ -354,6 +354,8 @@ const EVERY_KEY: &str = "
   worker_startup_delay: 2
   log_level: debug
   log_json: true
+  enable_trace: true
+  otlp_traces_endpoint: 'collector:4317'
   workers_file: /etc/pdgate/workers.yaml";
 
 /// The argv that sets what `cfg` sets, built from its serialized form and clap's own view of
@@ -1522,6 +1524,73 @@ fn reload_flags_only_listener_and_pingora_changes() {
         parse_yaml("version: 1\nthreads: 8\ngateway:\n  pd_disaggregation: true\n  port: 31000\n")
             .expect("valid");
     assert_eq!(restart_required(&old, &moved), ["gateway.port", "threads"]);
+}
+
+#[test]
+fn tracing_changes_need_a_restart() {
+    let old = yaml("  policy: round_robin").expect("valid");
+    let traced = yaml("  policy: round_robin\n  enable_trace: true").expect("valid");
+    assert_eq!(restart_required(&old, &traced), ["gateway.enable_trace"]);
+    let moved = yaml("  policy: round_robin\n  otlp_traces_endpoint: 'http://otel:4318/v1/traces'")
+        .expect("valid");
+    assert_eq!(
+        restart_required(&old, &moved),
+        ["gateway.otlp_traces_endpoint"]
+    );
+}
+
+// ---- tracing -------------------------------------------------------------------------------------------
+
+#[test]
+fn trace_flags_map_onto_the_gateway_section() {
+    let loaded = launch(&[
+        "--pd-disaggregation",
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        "10.1.2.3:4317",
+    ])
+    .expect("tracing is supported");
+    assert!(loaded.notices.is_empty(), "{:?}", loaded.notices);
+    assert!(loaded.gateway.enable_trace);
+    let endpoint = loaded.gateway.otlp_endpoint().expect("on").expect("valid");
+    assert_eq!(
+        (endpoint.protocol, endpoint.url.as_str()),
+        (OtlpProtocol::Grpc, "http://10.1.2.3:4317")
+    );
+    let default = GatewayConfig::default();
+    assert!(!default.enable_trace && default.otlp_endpoint().is_none());
+    assert_eq!(default.otlp_traces_endpoint, "localhost:4317");
+    let from_yaml = yaml("  enable_trace: true\n  otlp_traces_endpoint: 'http://c:4318/v1/traces'")
+        .expect("valid");
+    assert_eq!(
+        from_yaml
+            .gateway
+            .otlp_endpoint()
+            .expect("on")
+            .expect("valid")
+            .protocol,
+        OtlpProtocol::HttpProtobuf
+    );
+}
+
+#[test]
+fn a_bad_otlp_endpoint_is_refused_only_with_tracing_on() {
+    let err =
+        yaml_error("  enable_trace: true\n  otlp_traces_endpoint: 'https://c:4318/v1/traces'");
+    assert!(
+        err.starts_with("gateway.otlp_traces_endpoint (--otlp-traces-endpoint):")
+            && err.contains("TLS"),
+        "{err}"
+    );
+    let err = launch_error(&[
+        "--pd-disaggregation",
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        "collector",
+    ]);
+    assert!(err.contains("the port is missing"), "{err}");
+    // SMG reads the endpoint only with --enable-trace; so does pdgate.
+    yaml("  otlp_traces_endpoint: 'nonsense'").expect("ignored while tracing is off");
 }
 
 // ---- docs --------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::pool::Pool;
+use crate::trace::{LegSpan, LegTrace};
 
 /// First read of a response (the head and, usually, a stream's first events), and the first
 /// read size of a body: an open stream holds this much, so it is small. A read that fills it
@@ -151,6 +152,33 @@ impl LegClient {
         }
     }
 
+    /// [`LegClient::open`] for a traced leg: the span (taken from `trace`) records the response
+    /// status or the failure, and travels with the [`OpenLeg`] (counting its body bytes) until the
+    /// leg ends. If this future is dropped first, `trace` keeps the span (a cancelled leg).
+    pub async fn open_traced(
+        &self,
+        peer: &HttpPeer,
+        req: &LegRequest<'_>,
+        head_timeout: Duration,
+        trace: &mut LegTrace,
+    ) -> Result<OpenLeg, LegError> {
+        let opened = self.open(peer, req, head_timeout).await;
+        let Some(mut span) = trace.take() else {
+            return opened;
+        };
+        match opened {
+            Ok(mut leg) => {
+                span.http_status(leg.status);
+                leg.trace = Some(span);
+                Ok(leg)
+            }
+            Err(e) => {
+                span.http_failed(&e);
+                Err(e)
+            }
+        }
+    }
+
     async fn connect(&self, peer: &HttpPeer) -> Result<(Stream, bool), LegError> {
         if let Some(stream) = self.pool.take(peer.reuse_hash()) {
             return Ok((stream, true));
@@ -265,6 +293,7 @@ async fn exchange(
             framing,
             keepalive,
             read_timeout: None,
+            trace: None,
         }),
     }
 }
@@ -427,6 +456,8 @@ pub struct OpenLeg {
     framing: Framing,
     keepalive: bool,
     read_timeout: Option<Duration>,
+    /// The leg's span when the request is traced; it ends when the leg is dropped or released.
+    trace: LegTrace,
 }
 
 impl OpenLeg {
@@ -452,10 +483,28 @@ impl OpenLeg {
         self.read_timeout = timeout;
     }
 
+    /// The leg's span, if traced (e.g. to mark a stream complete that ended by the gateway's
+    /// own rule after `[DONE]`).
+    pub fn trace_mut(&mut self) -> Option<&mut LegSpan> {
+        self.trace.as_deref_mut()
+    }
+
     /// Every body byte that has arrived and not been handed out yet, as one piece (waiting for
     /// the next read when there is none); `None` at the end of the body. Cancel-safe: a read
     /// that is dropped loses nothing.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, LegError> {
+        let next = self.read_chunk().await;
+        if let Some(span) = self.trace.as_deref_mut() {
+            match &next {
+                Ok(Some(piece)) => span.add_bytes(piece.len()),
+                Ok(None) => span.complete(),
+                Err(e) => span.http_failed(e),
+            }
+        }
+        next
+    }
+
+    async fn read_chunk(&mut self) -> Result<Option<Bytes>, LegError> {
         loop {
             if self.decoder.is_done() {
                 return Ok(None);
@@ -504,6 +553,14 @@ impl OpenLeg {
     /// Reads the rest of the body, refusing more than `limit` bytes. A body of known length is
     /// read into one buffer of that size and handed out without a copy.
     pub async fn read_to_end(&mut self, limit: usize) -> Result<Bytes, LegError> {
+        let read = self.read_whole(limit).await;
+        if let (Some(span), Err(e)) = (self.trace.as_deref_mut(), &read) {
+            span.http_failed(e);
+        }
+        read
+    }
+
+    async fn read_whole(&mut self, limit: usize) -> Result<Bytes, LegError> {
         let too_large =
             || LegError::new(LegErrorKind::TooLarge, format!("more than {limit} bytes"));
         if let (Framing::Length(_), Some(left)) = (self.framing, self.decoder.expected()) {

@@ -29,6 +29,7 @@ use crate::ledger::{Handoff, Kind};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON};
+use crate::trace::{self, LegFacts, LegRole, LegTransport};
 use crate::workers::select::Pair;
 use crate::workers::InFlight;
 
@@ -85,11 +86,29 @@ pub async fn attempt(
             pair.decode.url(),
         );
         handoffs.push(handoff.clone());
+        let facts = LegFacts {
+            room: Some(first_room),
+            sample: Some(j),
+        };
         let legs = SampleLegs {
             prefill_body,
             decode_body,
             headers: req.forward.with_request_id(&id),
             handoff,
+            prefill_trace: trace::leg(
+                ctx,
+                LegRole::Prefill,
+                LegTransport::Http,
+                &pair.prefill,
+                facts,
+            ),
+            decode_trace: trace::leg(
+                ctx,
+                LegRole::Decode,
+                LegTransport::Http,
+                &pair.decode,
+                facts,
+            ),
         };
         let labels = &labels;
         opening.push(async move { (j as usize, open_sample(gw, req, pair, labels, legs).await) });
@@ -377,6 +396,9 @@ impl Run<'_> {
                 }
                 // The engine did not end its body after `[DONE]`: the sample is complete.
                 Next::Chunk(Err(_)) if live.saw_done => {
+                    if let Some(span) = live.leg.trace_mut() {
+                        span.complete();
+                    }
                     self.pair.decode.record_leg(Some(status));
                     continue;
                 }

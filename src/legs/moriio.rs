@@ -10,6 +10,7 @@
 //! dropping the decode leg already in flight, whose response is held back until the handoff
 //! passed. The checks themselves live in `pdgate_filters::handoff::moriio`.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -21,7 +22,7 @@ use pingora::proxy::Session;
 use super::client::{LegError, LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
 use super::parallel::{decode_refusal, transport_refusal, PdLabels};
-use super::request::PdRequest;
+use super::request::{ForwardHeaders, PdRequest};
 use super::sequential::{finish, mint_transfer_id, prefill_round_trip};
 use crate::config::label;
 use crate::gateway::Gateway;
@@ -29,6 +30,7 @@ use crate::ledger::Kind;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
+use crate::trace::{self, LegFacts, LegRole, LegTrace, LegTransport};
 use crate::workers::select::Pair;
 use crate::workers::Worker;
 
@@ -110,21 +112,39 @@ struct Legs<'a> {
     dispatched: Instant,
 }
 
-impl Legs<'_> {
+impl<'a> Legs<'a> {
     fn route_path(&self) -> &'static str {
         self.req.route.upstream_path()
     }
 
-    /// A leg to `worker` at `path` (its URL's path prefix applied) carrying the client's
-    /// forwarded headers.
-    fn leg<'r>(&'r self, worker: &'r Worker, path: &'r str, body: Bytes) -> LegRequest<'r> {
+    /// A leg to `worker` at `path` (its URL's path prefix applied) carrying `headers` (the
+    /// client's forwarded headers, with the leg's trace context when traced).
+    fn leg<'r>(
+        &'r self,
+        worker: &'r Worker,
+        path: &'r str,
+        headers: &'r ForwardHeaders,
+        body: Bytes,
+    ) -> LegRequest<'r> {
         LegRequest {
             method: "POST",
             path,
             host: &worker.address.authority,
-            headers: self.req.forward.as_slice(),
+            headers: headers.as_slice(),
             body,
         }
+    }
+
+    /// The span of one of this attempt's legs (`None` when the request is not traced) and the
+    /// headers that leg sends (its own trace context when traced).
+    fn traced(&self, ctx: &RequestCtx, role: LegRole) -> (LegTrace, Cow<'a, ForwardHeaders>) {
+        let worker = match role {
+            LegRole::Prefill => &self.pair.prefill,
+            LegRole::Decode => &self.pair.decode,
+        };
+        let span = trace::leg(ctx, role, LegTransport::Http, worker, LegFacts::default());
+        let headers = self.req.forward.traced(span.as_deref());
+        (span, headers)
     }
 
     /// Relays the decode response (the handoff passed) to the client.
@@ -200,10 +220,11 @@ async fn sequential(
     let (gw, req, pair) = (legs.gw, legs.req, legs.pair);
     let s = gw.settings();
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
-    let prefill_req = legs.leg(&pair.prefill, &prefill_path, prefill_body);
+    let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
+    let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
     let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
     let response = tokio::select! {
-        r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size) => r,
+        r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace) => r,
         _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
     };
     drop(prefill_in_flight);
@@ -220,9 +241,15 @@ async fn sequential(
     let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(legs.route_path());
     let decode_body = vllm::decode_leg_body(&req.body, &req.top, Some(&params));
-    let decode_req = legs.leg(&pair.decode, &decode_path, decode_body.into());
+    let (mut decode_trace, decode_headers) = legs.traced(ctx, LegRole::Decode);
+    let decode_req = legs.leg(
+        &pair.decode,
+        &decode_path,
+        &decode_headers,
+        decode_body.into(),
+    );
     let opened = tokio::select! {
-        r = gw.client.open(&pair.decode.peer, &decode_req, legs.decode_head_timeout()) => r,
+        r = gw.client.open_traced(&pair.decode.peer, &decode_req, legs.decode_head_timeout(), &mut decode_trace) => r,
         _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
     };
     let decode = match opened {
@@ -256,10 +283,17 @@ async fn concurrent(
     let (gw, req, pair) = (legs.gw, legs.req, legs.pair);
     let s = gw.settings();
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
-    let prefill_req = legs.leg(&pair.prefill, &prefill_path, prefill_body);
+    let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
+    let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
     let decode_path = pair.decode.address.path_for(legs.route_path());
     let decode_body = vllm::decode_leg_body(&req.body, &req.top, Some(decode_params));
-    let decode_req = legs.leg(&pair.decode, &decode_path, decode_body.into());
+    let (mut decode_trace, decode_headers) = legs.traced(ctx, LegRole::Decode);
+    let decode_req = legs.leg(
+        &pair.decode,
+        &decode_path,
+        &decode_headers,
+        decode_body.into(),
+    );
     let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
     let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
 
@@ -272,10 +306,14 @@ async fn concurrent(
             &prefill_req,
             s.prefill_head_timeout,
             s.max_payload_size,
+            prefill_trace,
         );
-        let decode = gw
-            .client
-            .open(&pair.decode.peer, &decode_req, legs.decode_head_timeout());
+        let decode = gw.client.open_traced(
+            &pair.decode.peer,
+            &decode_req,
+            legs.decode_head_timeout(),
+            &mut decode_trace,
+        );
         tokio::pin!(prefill, decode);
         let mut decode_leg: Option<OpenLeg> = None;
         let mut handoff_ok = false;

@@ -26,6 +26,7 @@ use crate::ledger::{Handoff, Kind};
 use crate::metrics::{BACKEND_PD, METRICS};
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{Reply, SSE};
+use crate::trace::{self, LegFacts, LegRole, LegTrace, LegTransport};
 use crate::workers::select::Pair;
 use crate::workers::InFlight;
 
@@ -193,6 +194,20 @@ pub async fn attempt(
         decode_body,
         headers: req.forward.clone(),
         handoff,
+        prefill_trace: trace::leg(
+            ctx,
+            LegRole::Prefill,
+            LegTransport::Http,
+            &pair.prefill,
+            LegFacts::default(),
+        ),
+        decode_trace: trace::leg(
+            ctx,
+            LegRole::Decode,
+            LegTransport::Http,
+            &pair.decode,
+            LegFacts::default(),
+        ),
     };
     let opened = tokio::select! {
         o = open_sample(gw, req, pair, &labels, legs) => o,
@@ -224,12 +239,15 @@ pub async fn attempt(
     relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
 }
 
-/// What one rendezvous sends: the two leg bodies (the same room), the headers, its ledger entry.
+/// What one rendezvous sends: the two leg bodies (the same room), the headers, its ledger entry,
+/// and the legs' spans when the request is traced.
 pub struct SampleLegs {
     pub prefill_body: Bytes,
     pub decode_body: Bytes,
     pub headers: ForwardHeaders,
     pub handoff: Arc<Handoff>,
+    pub prefill_trace: LegTrace,
+    pub decode_trace: LegTrace,
 }
 
 /// One rendezvous whose legs both answered 2xx: the decode to relay, the prefill (still held:
@@ -261,7 +279,11 @@ pub async fn open_sample(
         worker: pair.prefill.clone(),
         path: pair.prefill.address.path_for(req.route.upstream_path()),
         body: legs.prefill_body,
-        headers: legs.headers.clone(),
+        headers: legs
+            .headers
+            .traced(legs.prefill_trace.as_deref())
+            .into_owned(),
+        trace: legs.prefill_trace,
         handoff: legs.handoff,
         keyed: req.routing.routing_key.is_some(),
         keep_body: req.facts.logprobs,
@@ -291,11 +313,13 @@ pub async fn open_sample(
 
     let decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(req.route.upstream_path());
+    let decode_headers = legs.headers.traced(legs.decode_trace.as_deref());
+    let mut decode_trace = legs.decode_trace;
     let decode_req = LegRequest {
         method: "POST",
         path: &decode_path,
         host: &pair.decode.address.authority,
-        headers: legs.headers.as_slice(),
+        headers: decode_headers.as_slice(),
         body: legs.decode_body,
     };
     // A non-streamed decode answers only when it is done, so its head may take the whole request.
@@ -306,10 +330,11 @@ pub async fn open_sample(
     };
     // Boxed so its state is freed once the head is in, instead of sizing this future (held
     // for the whole stream) by it.
-    let mut decode_open = Box::pin(gw.client.open(
+    let mut decode_open = Box::pin(gw.client.open_traced(
         &pair.decode.peer,
         &decode_req,
         decode_head_timeout,
+        &mut decode_trace,
     ));
 
     // Both heads, first failure wins.

@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use super::client::{LegClient, LegError, LegErrorKind, LegRequest};
 use super::request::ForwardHeaders;
 use crate::ledger::Handoff;
+use crate::trace::LegTrace;
 use crate::workers::Worker;
 
 /// Largest error body kept to build a client message.
@@ -48,6 +49,8 @@ pub struct PrefillJob {
     pub path: std::borrow::Cow<'static, str>,
     pub body: Bytes,
     pub headers: ForwardHeaders,
+    /// The leg's span when the request is traced (ends with the leg).
+    pub trace: LegTrace,
     /// The rendezvous this leg belongs to: held until the leg ends.
     pub handoff: Arc<Handoff>,
     /// The request carries a sticky routing key.
@@ -171,15 +174,16 @@ async fn run(
         body: job.body.clone(),
     };
     let mut detached = false;
+    let mut trace = job.trace;
     let opened = tokio::select! {
-        r = job.client.open(&job.worker.peer, &req, job.head_timeout) => r,
+        r = job.client.open_traced(&job.worker.peer, &req, job.head_timeout, &mut trace) => r,
         c = &mut control => {
             if c.is_err() {
                 (job.on_end)(PrefillEnd::Cancelled);
                 return false;
             }
             detached = true;
-            job.client.open(&job.worker.peer, &req, job.head_timeout).await
+            job.client.open_traced(&job.worker.peer, &req, job.head_timeout, &mut trace).await
         }
     };
     let mut leg = match opened {

@@ -180,7 +180,13 @@ pub async fn relay(
         let chunk = match next {
             Ok(Some(c)) => c,
             Ok(None) => break,
-            Err(_) if saw_done => break,
+            // The engine did not end its body after `[DONE]`: the answer is complete.
+            Err(_) if saw_done => {
+                if let Some(span) = leg.trace_mut() {
+                    span.complete();
+                }
+                break;
+            }
             Err(e) => return (end_stream_with_error(session, ctx, &e).await, None),
         };
         if !saw_done && done.feed(&chunk) {

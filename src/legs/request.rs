@@ -1,10 +1,14 @@
 //! A PD request as the legs see it: the client body parsed once, its facts, and the client
 //! headers that travel on both legs.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use pdgate_filters::{RequestFacts, Route, TopLevel};
 use pingora::http::RequestHeader;
+
+use crate::trace::LegSpan;
 
 /// Client headers copied onto both legs, when their value is visible ASCII (SMG's list). Every
 /// other client header (cookies, custom headers) stays at the gateway.
@@ -54,6 +58,29 @@ impl ForwardHeaders {
             items.push((HeaderName::from_static("x-request-id"), v));
         }
         ForwardHeaders { items }
+    }
+
+    /// The headers one leg sends: these, or — when the leg is traced — these with the client's
+    /// `traceparent` / `tracestate` replaced by the leg span's, so the engine's work is a child
+    /// of that leg. Untraced, nothing is copied (the client's trace context goes on verbatim).
+    pub fn traced(&self, span: Option<&LegSpan>) -> Cow<'_, ForwardHeaders> {
+        let Some(span) = span else {
+            return Cow::Borrowed(self);
+        };
+        let mut items: Vec<_> = self
+            .items
+            .iter()
+            .filter(|(n, _)| n != "traceparent" && n != "tracestate")
+            .cloned()
+            .collect();
+        items.push((
+            HeaderName::from_static("traceparent"),
+            span.traceparent().clone(),
+        ));
+        if let Some(state) = span.tracestate() {
+            items.push((HeaderName::from_static("tracestate"), state.clone()));
+        }
+        Cow::Owned(ForwardHeaders { items })
     }
 
     pub fn as_slice(&self) -> &[(HeaderName, HeaderValue)] {

@@ -27,6 +27,7 @@ use crate::ledger::{Handoff, Kind};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
+use crate::trace::{self, LegFacts, LegRole, LegTrace, LegTransport};
 use crate::workers::select::Pair;
 use crate::workers::Worker;
 
@@ -116,7 +117,6 @@ pub async fn attempt(
         .inc();
     let labels = PdLabels::new(ctx, pair);
     let dispatched = Instant::now();
-    let headers = req.forward.as_slice();
     let route_path = req.route.upstream_path();
     // The prefill worker counts this attempt even when n>1 skips its leg (SMG's accounting).
     let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
@@ -155,15 +155,23 @@ pub async fn attempt(
             tag.as_deref(),
         ));
         let prefill_path = pair.prefill.address.path_for(route_path);
+        let prefill_trace = trace::leg(
+            ctx,
+            LegRole::Prefill,
+            LegTransport::Http,
+            &pair.prefill,
+            LegFacts::default(),
+        );
+        let prefill_headers = req.forward.traced(prefill_trace.as_deref());
         let prefill_req = LegRequest {
             method: "POST",
             path: &prefill_path,
             host: &pair.prefill.address.authority,
-            headers,
+            headers: prefill_headers.as_slice(),
             body,
         };
         let response = tokio::select! {
-            r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size) => r,
+            r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace) => r,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         };
         let response = match response {
@@ -222,11 +230,19 @@ pub async fn attempt(
     let prefill_done = Instant::now();
     let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(route_path);
+    let mut decode_trace = trace::leg(
+        ctx,
+        LegRole::Decode,
+        LegTransport::Http,
+        &pair.decode,
+        LegFacts::default(),
+    );
+    let decode_headers = req.forward.traced(decode_trace.as_deref());
     let decode_req = LegRequest {
         method: "POST",
         path: &decode_path,
         host: &pair.decode.address.authority,
-        headers,
+        headers: decode_headers.as_slice(),
         body: Bytes::from(vllm::decode_leg_body(
             &req.body,
             &req.top,
@@ -243,7 +259,7 @@ pub async fn attempt(
         s.request_timeout
     };
     let opened = tokio::select! {
-        r = gw.client.open(&pair.decode.peer, &decode_req, head_timeout) => r,
+        r = gw.client.open_traced(&pair.decode.peer, &decode_req, head_timeout, &mut decode_trace) => r,
         _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
     };
     let decode = match opened {
@@ -270,15 +286,21 @@ pub async fn attempt(
     finish(gw, session, ctx, req, pair, decode, dispatched, labels).await
 }
 
-/// Sends the prefill leg and reads its whole (small) response.
+/// Sends the prefill leg and reads its whole (small) response. `trace`: the leg's span (it ends
+/// with the leg).
 pub(crate) async fn prefill_round_trip(
     gw: &Gateway,
     worker: &Worker,
     req: &LegRequest<'_>,
     head_timeout: Duration,
     limit: usize,
+    mut trace: LegTrace,
 ) -> Result<Bytes, Reply> {
-    let mut leg = match gw.client.open(&worker.peer, req, head_timeout).await {
+    let mut leg = match gw
+        .client
+        .open_traced(&worker.peer, req, head_timeout, &mut trace)
+        .await
+    {
         Ok(leg) => leg,
         Err(e) if e.kind == LegErrorKind::Timeout => {
             worker.record_leg(None);

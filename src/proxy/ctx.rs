@@ -51,6 +51,8 @@ pub struct RequestCtx {
     /// The request's place under the admission limits, given back when the context drops
     /// (after the response has ended).
     pub admission: Option<Admitted>,
+    /// The root span of a traced PD request (`--enable-trace`); its legs' spans are children.
+    pub trace: Option<crate::trace::RequestTrace>,
 }
 
 impl RequestCtx {
@@ -76,6 +78,7 @@ impl RequestCtx {
             kv_verdict: Default::default(),
             cors: None,
             admission: None,
+            trace: None,
         }
     }
 }

@@ -5,7 +5,7 @@
 //!    (`crate::legs`), writing the response themselves.
 //! 2. `upstream_peer` — only for single-leg routes (count_tokens), proxied by Pingora's own loop.
 //! 3. `fail_to_proxy` — a JSON error body, unless the response had already started.
-//! 4. `logging` — access log line and metrics, for every request.
+//! 4. `logging` — access log line and metrics, for every request; the end of its trace span.
 //!
 //! Why PD legs are not run through Pingora's proxy loop: see `docs/architecture.md` (a body
 //! read in `request_filter` is replayed upstream only up to 64 KiB on 0.9.1, and a piped
@@ -152,5 +152,6 @@ impl ProxyHttp for PdGateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         logging::record(&self.gw, session, e, ctx);
+        crate::trace::end_request(ctx, e);
     }
 }

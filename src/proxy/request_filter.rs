@@ -251,6 +251,7 @@ async fn serve_pd(
     ctx: &mut RequestCtx,
     route: Route,
 ) -> pingora::Result<bool> {
+    crate::trace::start_request(session.req_header(), ctx);
     let body = match read_body(
         session,
         gw.settings().max_payload_size,

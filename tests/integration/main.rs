@@ -17,6 +17,7 @@ mod moriio;
 mod observability;
 mod operations;
 mod operator_flags;
+mod otlp_tracing;
 mod policies;
 mod request_shape;
 mod sglang;

@@ -109,15 +109,44 @@ enum Inner {
     TokenSpeed(Streaming<tokenspeed::GenerateResponse>),
 }
 
+/// W3C trace context a traced leg sends as gRPC metadata: `traceparent`, and `tracestate` when
+/// there is one.
+pub type TraceMetadata = Option<(http::HeaderValue, Option<http::HeaderValue>)>;
+
+/// `msg` as a `tonic::Request`, with the leg's trace context in its metadata.
+fn with_trace<T>(msg: T, trace: &TraceMetadata) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(msg);
+    if let Some((parent, state)) = trace {
+        let md = request.metadata_mut();
+        let ascii = |v: &http::HeaderValue| {
+            v.to_str()
+                .ok()
+                .and_then(|s| s.parse::<tonic::metadata::AsciiMetadataValue>().ok())
+        };
+        if let Some(v) = ascii(parent) {
+            md.insert("traceparent", v);
+        }
+        if let Some(v) = state.as_ref().and_then(ascii) {
+            md.insert("tracestate", v);
+        }
+    }
+    request
+}
+
 /// Starts `Generate` on `channel`. Resolves when the server's response headers arrive — with
-/// the Python grpc.aio servicers, together with the first message (or the error).
-pub async fn generate(channel: Channel, req: GenerateRequest) -> Result<ResponseStream, Status> {
+/// the Python grpc.aio servicers, together with the first message (or the error). `trace`: the
+/// leg's trace context, when it is traced.
+pub async fn generate(
+    channel: Channel,
+    req: GenerateRequest,
+    trace: TraceMetadata,
+) -> Result<ResponseStream, Status> {
     let (engine, inner) = match req {
         GenerateRequest::Sglang(r) => (
             Engine::Sglang,
             Inner::Sglang(
                 sglang::sglang_scheduler_client::SglangSchedulerClient::new(channel)
-                    .generate(*r)
+                    .generate(with_trace(*r, &trace))
                     .await?
                     .into_inner(),
             ),
@@ -126,7 +155,7 @@ pub async fn generate(channel: Channel, req: GenerateRequest) -> Result<Response
             Engine::Vllm,
             Inner::Vllm(
                 vllm::vllm_engine_client::VllmEngineClient::new(channel)
-                    .generate(*r)
+                    .generate(with_trace(*r, &trace))
                     .await?
                     .into_inner(),
             ),
@@ -135,7 +164,7 @@ pub async fn generate(channel: Channel, req: GenerateRequest) -> Result<Response
             Engine::TokenSpeed,
             Inner::TokenSpeed(
                 tokenspeed::token_speed_scheduler_client::TokenSpeedSchedulerClient::new(channel)
-                    .generate(*r)
+                    .generate(with_trace(*r, &trace))
                     .await?
                     .into_inner(),
             ),

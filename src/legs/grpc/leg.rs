@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 use tonic::Status;
 
 use super::engine::{self, Engine, GenerateRequest, Message, ResponseStream};
+use crate::trace::LegTrace;
 use crate::workers::admission::Slots;
 use crate::workers::Worker;
 
@@ -58,10 +59,13 @@ pub struct GrpcLeg {
     /// Decode admission slots this leg holds until it ends (released with the leg, or by its
     /// abort task once the engine let go of it).
     slots: Option<Slots>,
+    /// The leg's span when the request is traced; it ends with the leg (an abort: `cancelled`).
+    trace: LegTrace,
 }
 
 impl GrpcLeg {
     /// Sends `req` to `worker`. `defer_abort`: this is a decode leg (see the module doc).
+    /// `trace`: the leg's span, whose trace context goes out as the call's metadata.
     pub fn start(
         worker: Arc<Worker>,
         channel: Channel,
@@ -69,8 +73,12 @@ impl GrpcLeg {
         request_id: String,
         req: GenerateRequest,
         defer_abort: bool,
+        trace: LegTrace,
     ) -> GrpcLeg {
-        let call = Box::pin(engine::generate(channel.clone(), req));
+        let context = trace
+            .as_deref()
+            .map(|span| (span.traceparent().clone(), span.tracestate().cloned()));
+        let call = Box::pin(engine::generate(channel.clone(), req, context));
         GrpcLeg {
             engine,
             channel,
@@ -81,6 +89,7 @@ impl GrpcLeg {
             yielded: false,
             opened: false,
             slots: None,
+            trace,
         }
     }
 
@@ -105,6 +114,9 @@ impl GrpcLeg {
                 }
                 Err(status) => {
                     self.call = Call::Over;
+                    if let Some(span) = self.trace.as_deref_mut() {
+                        span.grpc_status(&status);
+                    }
                     return Err(status);
                 }
             }
@@ -119,20 +131,21 @@ impl GrpcLeg {
         let Call::Open(stream) = &mut self.call else {
             return Ok(None);
         };
-        match stream.next().await {
-            Ok(Some(m)) => {
-                self.yielded = true;
-                Ok(Some(m))
-            }
-            Ok(None) => {
-                self.call = Call::Over;
-                Ok(None)
-            }
-            Err(status) => {
-                self.call = Call::Over;
-                Err(status)
+        let next = stream.next().await;
+        match &next {
+            Ok(Some(_)) => self.yielded = true,
+            Ok(None) | Err(_) => self.call = Call::Over,
+        }
+        if let Some(span) = self.trace.as_deref_mut() {
+            match &next {
+                Ok(Some(Message::Chunk(c))) => span.add_tokens(c.token_ids.len()),
+                // A non-streamed call carries its tokens in the `complete` only.
+                Ok(Some(Message::Complete(c))) => span.add_final_tokens(c.output_ids.len()),
+                Ok(None) => span.grpc_ok(),
+                Err(status) => span.grpc_status(status),
             }
         }
+        next
     }
 
     /// Whether the engine accepted the call (a later error is a stream failure, not a refusal).
@@ -143,6 +156,9 @@ impl GrpcLeg {
     /// The leg ended normally: dropping it sends no abort.
     pub fn completed(&mut self) {
         self.call = Call::Over;
+        if let Some(span) = self.trace.as_deref_mut() {
+            span.grpc_ok();
+        }
     }
 }
 

@@ -32,6 +32,7 @@ use crate::ledger::{Handoff, Kind};
 use crate::legs::dispatch::Attempt;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
+use crate::trace::{self, LegFacts, LegRole, LegTransport};
 use crate::workers::admission::Slots;
 
 /// One sample's pair of legs.
@@ -117,6 +118,11 @@ pub async fn attempt(
             Some(all) if all.num_permits() > 1 => all.split(1),
             _ => slots.take(),
         };
+        let facts = LegFacts {
+            room: Some(room),
+            sample: (n > 1).then_some(u64::from(i)),
+        };
+        let span = |role, worker| trace::leg(ctx, role, LegTransport::Grpc, worker, facts);
         samples.push(Sample {
             prefill: GrpcLeg::start(
                 pair.prefill.clone(),
@@ -125,6 +131,7 @@ pub async fn attempt(
                 request_id.clone(),
                 prefill_req,
                 false,
+                span(LegRole::Prefill, &pair.prefill),
             ),
             decode: GrpcLeg::start(
                 pair.decode.clone(),
@@ -133,6 +140,7 @@ pub async fn attempt(
                 request_id.clone(),
                 decode_req,
                 true,
+                span(LegRole::Decode, &pair.decode),
             )
             .holding(sample_slots),
             handoff,

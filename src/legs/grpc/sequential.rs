@@ -27,6 +27,7 @@ use crate::legs::sequential::{mint_transfer_id, mooncake_engine_id};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
+use crate::trace::{self, LegFacts, LegRole, LegTransport};
 use crate::workers::admission::Slots;
 
 /// How this attempt hands the KV over.
@@ -134,6 +135,13 @@ pub async fn attempt(
         request_id.clone(),
         prefill_req,
         false,
+        trace::leg(
+            ctx,
+            LegRole::Prefill,
+            LegTransport::Grpc,
+            &pair.prefill,
+            LegFacts::default(),
+        ),
     );
     let prefill_deadline = tokio::time::Instant::now() + s.prefill_head_timeout;
     let mut returned: Option<String> = None;
@@ -246,6 +254,13 @@ pub async fn attempt(
         request_id,
         decode_req,
         true,
+        trace::leg(
+            ctx,
+            LegRole::Decode,
+            LegTransport::Grpc,
+            &pair.decode,
+            LegFacts::default(),
+        ),
     )
     .holding(slots);
     METRICS
