@@ -165,7 +165,6 @@ async fn a_silent_recompute_is_counted_and_its_link_taken_out_until_it_heals() {
     let tripped = Instant::now();
     let m = gw.metrics().await;
     assert!(outcome(&m, "recomputed", "nixl") >= 2.0, "{m}");
-    assert!(outcome(&m, "transferred", "nixl") >= 1.0, "{m}");
     assert!(
         metric_value(
             &m,
@@ -196,8 +195,13 @@ async fn a_silent_recompute_is_counted_and_its_link_taken_out_until_it_heals() {
         "{debug}"
     );
 
-    // While it is out, P1 → D1 carries nothing; every other pair keeps serving.
+    // While it is out, P1 → D1 carries nothing; every other pair keeps serving, and hands
+    // its KV over.
     while_out(&gw, &decodes, tripped).await;
+    let m = gw
+        .metrics_when(|m| outcome(m, "transferred", "nixl") >= 1.0)
+        .await;
+    assert!(outcome(&m, "transferred", "nixl") >= 1.0, "{m}");
 
     // Healed: after the cooldown the link is probed and restored.
     decodes[0].reset().await;
@@ -211,10 +215,10 @@ async fn a_silent_recompute_is_counted_and_its_link_taken_out_until_it_heals() {
         assert!(Instant::now() < restored, "the link never came back");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        metric_value(&gw.metrics().await, "pdgate_pd_links_open", &[]),
-        Some(0.0)
-    );
+    let m = gw
+        .metrics_when(|m| metric_value(m, "pdgate_pd_links_open", &[]) == Some(0.0))
+        .await;
+    assert_eq!(metric_value(&m, "pdgate_pd_links_open", &[]), Some(0.0));
     let mark = decodes[0].records().len();
     for _ in 0..40 {
         assert_eq!(gw.post("/v1/chat/completions", &chat()).await.status, 200);
@@ -306,7 +310,10 @@ async fn nixl_params_without_blocks_are_not_relayed_to_a_decode_that_would_asser
         .await
         .unwrap();
     assert_eq!(health.status, 200, "the decode engine died");
-    let m = gw.metrics().await;
+    // The attempt is accounted once it has returned, which can be after the client's answer.
+    let m = gw
+        .metrics_when(|m| outcome(m, "recomputed", "nixl") >= 1.0)
+        .await;
     assert_eq!(
         metric_value(&m, "smg_pd_kv_transfer_failures_total", &[]),
         Some(1.0)
@@ -508,7 +515,10 @@ async fn a_grpc_vllm_decode_that_recomputes_is_told_apart_from_one_that_received
 
     let r = ask().await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let m = gw.metrics().await;
+    // The attempt is accounted once it has returned, which can be after the client's answer.
+    let m = gw
+        .metrics_when(|m| outcome(m, "transferred", "nixl") >= 1.0)
+        .await;
     assert_eq!(outcome(&m, "transferred", "nixl"), 1.0, "{m}");
 
     d.inject(Fault::LinkDown {
@@ -517,7 +527,9 @@ async fn a_grpc_vllm_decode_that_recomputes_is_told_apart_from_one_that_received
     .await;
     let r = ask().await;
     assert_eq!(r.status, 200, "the recompute is silent: {}", r.text());
-    let m = gw.metrics().await;
+    let m = gw
+        .metrics_when(|m| outcome(m, "recomputed", "nixl") >= 1.0)
+        .await;
     assert_eq!(outcome(&m, "recomputed", "nixl"), 1.0, "{m}");
     let prompt = r.json()["usage"]["prompt_tokens"].as_f64().unwrap();
     assert_eq!(
