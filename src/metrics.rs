@@ -39,6 +39,7 @@ pub struct Metrics {
     pub pd_admission_waits: IntCounter,
     pub pd_admission_sheds: IntCounter,
     pub pd_links_open: IntGauge,
+    pub pd_link_open: IntGaugeVec,
     pub pd_canaries: IntCounterVec,
     pub pd_capacity_pressure: GaugeVec,
     pub pd_link_trips: IntCounter,
@@ -187,6 +188,12 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     pd_links_open: gauge(
         "pdgate_pd_links_open",
         "Prefill -> decode links currently out of pair selection (link health)",
+    ),
+    pd_link_open: gauge_vec(
+        "pdgate_pd_link_open",
+        "A prefill -> decode link out of selection (1) or probing half-open (0); the series exists \
+         only while the link is not closed, so its cardinality is the unhealthy links'",
+        &["prefill", "decode"],
     ),
     pd_canaries: counter_vec(
         "pdgate_pd_canaries_total",

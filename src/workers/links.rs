@@ -96,6 +96,7 @@ struct Counts {
 }
 
 struct Link {
+    prefill_url: Arc<str>,
     decode_url: Arc<str>,
     state: State,
     current_start: Instant,
@@ -106,6 +107,18 @@ struct Link {
 }
 
 impl Link {
+    /// `pdgate_pd_link_open` for this link: 1 open, 0 half-open, no series when closed.
+    fn publish(&self) {
+        let labels = [&*self.prefill_url, &*self.decode_url];
+        match self.state {
+            State::Open { .. } => METRICS.pd_link_open.with_label_values(&labels).set(1),
+            State::HalfOpen { .. } => METRICS.pd_link_open.with_label_values(&labels).set(0),
+            State::Closed => {
+                let _ = METRICS.pd_link_open.remove_label_values(&labels);
+            }
+        }
+    }
+
     fn counts(&mut self, now: Instant, window: Duration) -> Counts {
         let age = now.saturating_duration_since(self.current_start);
         if age >= window {
@@ -149,6 +162,7 @@ impl LinkTable {
                 link.state = State::HalfOpen { successes: 0 };
                 self.open.fetch_sub(1, Ordering::AcqRel);
                 METRICS.pd_links_open.dec();
+                link.publish();
                 log::info!(
                     "link to decode {} is half-open: live requests probe it",
                     link.decode_url
@@ -177,6 +191,7 @@ impl LinkTable {
             links.insert(
                 Arc::from(decode_id),
                 Link {
+                    prefill_url: Arc::from(prefill_url),
                     decode_url: Arc::from(decode_url),
                     state: State::Closed,
                     current_start: now,
@@ -210,6 +225,7 @@ impl LinkTable {
                 link.state = State::HalfOpen { successes: 0 };
                 self.open.fetch_sub(1, Ordering::AcqRel);
                 METRICS.pd_links_open.dec();
+                link.publish();
             }
         }
         match link.state {
@@ -224,6 +240,7 @@ impl LinkTable {
                     self.open.fetch_add(1, Ordering::AcqRel);
                     METRICS.pd_links_open.inc();
                     METRICS.pd_link_trips.inc();
+                    link.publish();
                     log::warn!(
                         "link {prefill_url} -> {decode_url} taken out of pair selection for {:?}: \
                          {} of the last {total} handoffs failed or recomputed",
@@ -241,6 +258,7 @@ impl LinkTable {
                     self.open.fetch_add(1, Ordering::AcqRel);
                     METRICS.pd_links_open.inc();
                     METRICS.pd_link_trips.inc();
+                    link.publish();
                     log::warn!(
                         "link {prefill_url} -> {decode_url} failed its probe: out again for {:?}",
                         settings.cooldown
@@ -250,6 +268,7 @@ impl LinkTable {
                     link.current = Counts::default();
                     link.previous = Counts::default();
                     link.current_start = now;
+                    link.publish();
                     log::info!("link {prefill_url} -> {decode_url} restored");
                 } else {
                     link.state = State::HalfOpen {

@@ -176,6 +176,13 @@ async fn a_silent_recompute_is_counted_and_its_link_taken_out_until_it_heals() {
         "{m}"
     );
     assert_eq!(metric_value(&m, "pdgate_pd_links_open", &[]), Some(1.0));
+    let (p1_url, d1_url) = (prefills[0].api_url(), decodes[0].api_url());
+    let link_series = [("prefill", p1_url.as_str()), ("decode", d1_url.as_str())];
+    assert_eq!(
+        metric_value(&m, "pdgate_pd_link_open", &link_series),
+        Some(1.0),
+        "{m}"
+    );
     let out = links_out(&gw, &prefills[0]).await;
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!(out[0]["decode"], decodes[0].api_url().as_str());
@@ -219,6 +226,11 @@ async fn a_silent_recompute_is_counted_and_its_link_taken_out_until_it_heals() {
         .metrics_when(|m| metric_value(m, "pdgate_pd_links_open", &[]) == Some(0.0))
         .await;
     assert_eq!(metric_value(&m, "pdgate_pd_links_open", &[]), Some(0.0));
+    assert_eq!(
+        metric_value(&m, "pdgate_pd_link_open", &link_series),
+        None,
+        "a closed link has no series"
+    );
     let mark = decodes[0].records().len();
     for _ in 0..40 {
         assert_eq!(gw.post("/v1/chat/completions", &chat()).await.status, 200);
