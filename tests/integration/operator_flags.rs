@@ -255,10 +255,16 @@ async fn smg_spelled_flags_limit_the_rate_answer_cors_and_log_json() {
         "1",
         "--queue-size",
         "0",
+        "--queue-timeout-secs",
+        "5",
         "--cors-allowed-origins",
         "http://app.example",
         "http://localhost:3000",
         "--log-json",
+        // Spans go nowhere (nothing listens there); they are dropped and counted.
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        "127.0.0.1:9",
     ])
     .await;
     gw.wait_ready().await;
@@ -404,6 +410,25 @@ async fn smg_spelled_flags_limit_the_rate_answer_cors_and_log_json() {
     assert!(access["room"].is_u64(), "{access}");
     assert!(access["duration_ms"].is_f64(), "{access}");
     assert_eq!(access["error"], Value::Null);
+    let m = gw
+        .metrics_when(|m| {
+            metric_value(
+                m,
+                "pdgate_trace_spans_dropped_total",
+                &[("reason", "export_failed")],
+            )
+            .is_some_and(|v| v > 0.0)
+        })
+        .await;
+    assert!(
+        metric_value(
+            &m,
+            "pdgate_trace_spans_dropped_total",
+            &[("reason", "export_failed")]
+        )
+        .is_some_and(|v| v > 0.0),
+        "--enable-trace took effect: {m}"
+    );
     let refused_line = json_log_lines(&gw.log())
         .into_iter()
         .find(|l| l["target"] == "pdgate::access" && l["status"] == 429)
