@@ -234,13 +234,7 @@ impl LinkTable {
                 if total >= settings.min_handoffs
                     && f64::from(counts.failed) >= settings.failure_ratio * f64::from(total)
                 {
-                    link.state = State::Open {
-                        until: now + settings.cooldown,
-                    };
-                    self.open.fetch_add(1, Ordering::AcqRel);
-                    METRICS.pd_links_open.inc();
-                    METRICS.pd_link_trips.inc();
-                    link.publish();
+                    self.trip(link, now, settings);
                     log::warn!(
                         "link {prefill_url} -> {decode_url} taken out of pair selection for {:?}: \
                          {} of the last {total} handoffs failed or recomputed",
@@ -252,13 +246,7 @@ impl LinkTable {
             State::Open { .. } => {}
             State::HalfOpen { successes } => {
                 if outcome.is_failure() {
-                    link.state = State::Open {
-                        until: now + settings.cooldown,
-                    };
-                    self.open.fetch_add(1, Ordering::AcqRel);
-                    METRICS.pd_links_open.inc();
-                    METRICS.pd_link_trips.inc();
-                    link.publish();
+                    self.trip(link, now, settings);
                     log::warn!(
                         "link {prefill_url} -> {decode_url} failed its probe: out again for {:?}",
                         settings.cooldown
@@ -277,6 +265,17 @@ impl LinkTable {
                 }
             }
         }
+    }
+
+    /// Takes `link` out of selection for the cooldown.
+    fn trip(&self, link: &mut Link, now: Instant, settings: &LinkSettings) {
+        link.state = State::Open {
+            until: now + settings.cooldown,
+        };
+        self.open.fetch_add(1, Ordering::AcqRel);
+        METRICS.pd_links_open.inc();
+        METRICS.pd_link_trips.inc();
+        link.publish();
     }
 
     /// The links not closed, for `/workers` and `/debug/handoffs`.

@@ -561,19 +561,13 @@ async fn a_client_leaving_during_the_prefill_aborts_the_prefill_at_once() {
         matcher: Default::default(),
     })
     .await;
-    let opts = mock_engine::client::ClientOptions {
-        source_ip: None,
-        timeout: Some(Duration::from_millis(500)),
-    };
-    let body = bytes::Bytes::from(chat(4, false).to_string());
-    let r = mock_engine::client::request_with(
-        &opts,
-        "POST",
-        &gw.url("/v1/chat/completions"),
-        &[("content-type", "application/json")],
-        Some(body),
-    )
-    .await;
+    let r = gw
+        .post_and_give_up(
+            "/v1/chat/completions",
+            &chat(4, false),
+            Duration::from_millis(500),
+        )
+        .await;
     assert!(r.is_err(), "the client gave up first");
     let started = p
         .wait_for(Duration::from_secs(5), |e| !e.records().is_empty())

@@ -287,6 +287,28 @@ impl Gateway {
         }
     }
 
+    /// POSTs `body` to `path` as a client that gives up after `patience` (its connection
+    /// closes); `Err` when it gave up before the answer.
+    pub async fn post_and_give_up(
+        &self,
+        path: &str,
+        body: &Value,
+        patience: Duration,
+    ) -> std::io::Result<Response> {
+        let opts = ClientOptions {
+            source_ip: None,
+            timeout: Some(patience),
+        };
+        client::request_with(
+            &opts,
+            "POST",
+            &self.url(path),
+            &[("content-type", "application/json")],
+            Some(Bytes::from(body.to_string())),
+        )
+        .await
+    }
+
     /// Opens a streaming request (the connection closes when the result is dropped).
     pub async fn stream(&self, path: &str, body: &Value) -> client::StreamingResponse {
         client::stream(

@@ -186,18 +186,13 @@ async fn an_http_client_leaving_while_waiting_claims_nothing() {
     let (p, d) = sglang_pair(([127, 0, 50, 5], [127, 0, 50, 6]), 1, 20).await;
     let gw = gateway(&[p.worker_spec(), d.worker_spec()], 30).await;
     let held = occupy(&gw).await;
-    let opts = mock_engine::client::ClientOptions {
-        source_ip: None,
-        timeout: Some(Duration::from_millis(300)),
-    };
-    let left = mock_engine::client::request_with(
-        &opts,
-        "POST",
-        &gw.url("/v1/chat/completions"),
-        &[("content-type", "application/json")],
-        Some(bytes::Bytes::from(chat(2, false).to_string())),
-    )
-    .await;
+    let left = gw
+        .post_and_give_up(
+            "/v1/chat/completions",
+            &chat(2, false),
+            Duration::from_millis(300),
+        )
+        .await;
     assert!(left.is_err(), "the client gave up while waiting");
     // The gateway must have seen it leave before the slot frees: a waiter that sees both at
     // once may take either (its access line is written when it ends).

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use mock_engine::client::{self, ClientOptions, Response};
+use mock_engine::client::{self, Response};
 use serde_json::Value;
 
 use crate::harness::{metric_value, Gateway};
@@ -157,19 +157,13 @@ async fn a_queued_request_times_out_with_503_and_a_client_leaving_the_queue_free
     );
 
     // A client gives up while queued (the queue holds one)...
-    let opts = ClientOptions {
-        source_ip: None,
-        timeout: Some(Duration::from_millis(300)),
-    };
-    let body = bytes::Bytes::from(chat(2, false).to_string());
-    let left = client::request_with(
-        &opts,
-        "POST",
-        &gw.url("/v1/chat/completions"),
-        &[("content-type", "application/json")],
-        Some(body),
-    )
-    .await;
+    let left = gw
+        .post_and_give_up(
+            "/v1/chat/completions",
+            &chat(2, false),
+            Duration::from_millis(300),
+        )
+        .await;
     assert!(left.is_err(), "the client gave up while queued");
     let m = gw.metrics_when(|m| rejected(m, "cancelled") == 1.0).await;
     assert_eq!(rejected(&m, "cancelled"), 1.0, "{m}");
