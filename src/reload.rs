@@ -204,6 +204,67 @@ fn policy_config_changed(old: &config::GatewayConfig, new: &config::GatewayConfi
 }
 
 /// SIGHUP → reload. (Until this service starts, SIGHUP keeps its default action.)
+/// Reloads when the config file or its `workers_file` changes (`config_watch_interval_secs`):
+/// their size, modification time and inode, read through symlinks, are compared every
+/// interval. Polling, not inotify: a Kubernetes ConfigMap volume updates by swapping a `..data`
+/// symlink, which a watch on the file itself does not see, and a stat per few seconds costs
+/// nothing. A change that does not validate is logged and counted like a bad SIGHUP, and tried
+/// again on the next change.
+pub struct ReloadOnChange {
+    pub gw: Arc<Gateway>,
+}
+
+/// What identifies one version of a file (`None`: absent or unreadable).
+type Stamp = Option<(std::time::SystemTime, u64, u64)>;
+
+fn stamp(path: &std::path::Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}
+
+/// The files a reload reads: the config file and its `workers_file` (resolved as the loader
+/// does, against the config file's folder).
+fn watched(gw: &Gateway) -> Vec<std::path::PathBuf> {
+    let ConfigSource::File(path) = &gw.source else {
+        return Vec::new();
+    };
+    let mut files = vec![path.clone()];
+    if let Some(w) = &gw.config().workers_file {
+        files.push(match path.parent() {
+            Some(dir) if w.is_relative() => dir.join(w),
+            _ => w.clone(),
+        });
+    }
+    files
+}
+
+#[async_trait]
+impl BackgroundService for ReloadOnChange {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut last: Vec<Stamp> = watched(&self.gw).iter().map(|p| stamp(p)).collect();
+        loop {
+            let every = self.gw.config().config_watch_interval_secs;
+            // Off (0): look again later, a reload may turn it on.
+            let wait = std::time::Duration::from_secs(if every == 0 { 5 } else { every });
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            let files = watched(&self.gw);
+            let now: Vec<Stamp> = files.iter().map(|p| stamp(p)).collect();
+            if every == 0 || now == last {
+                last = now;
+                continue;
+            }
+            log::info!("config file changed: reloading");
+            let _ = reload(&self.gw).await;
+            // The reload may have named another workers_file: stamp what it reads now.
+            last = watched(&self.gw).iter().map(|p| stamp(p)).collect();
+        }
+    }
+}
+
 pub struct ReloadOnHangup {
     pub gw: Arc<Gateway>,
 }

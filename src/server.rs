@@ -112,6 +112,10 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
         "link canaries",
         crate::workers::canary::LinkCanaries { gw: gw.clone() },
     ));
+    server.add_service(background_service(
+        "config watch",
+        crate::reload::ReloadOnChange { gw: gw.clone() },
+    ));
     server.add_service(background_service("config reload", ReloadOnHangup { gw }));
     Ok(server)
 }

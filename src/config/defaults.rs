@@ -121,6 +121,9 @@ pub const DECODE_FIRST_BYTE_TIMEOUT_SECS: u64 = 600;
 /// pdgate: the longest silence between two chunks of a streamed decode body. Generous because
 /// an engine may pause a request (SGLang retracts under KV pressure) and resume it.
 pub const STREAM_IDLE_TIMEOUT_SECS: u64 = 300;
+/// pdgate: seconds between two looks at the config file (and its `workers_file`) for a change
+/// that reloads it; 0 = only SIGHUP and `POST /reload`.
+pub const CONFIG_WATCH_INTERVAL_SECS: u64 = 0;
 /// pdgate: reading the client's request body.
 pub const BODY_READ_TIMEOUT_SECS: u64 = 60;
 

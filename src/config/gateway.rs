@@ -530,6 +530,11 @@ pub struct GatewayConfig {
     #[arg(skip)]
     pub workers: Vec<WorkerSpec>,
 
+    /// pdgate: seconds between two looks at the config file and its workers_file; a change
+    /// reloads them like SIGHUP (a Kubernetes ConfigMap update). 0 = SIGHUP and /reload only.
+    #[arg(long, default_value_t = defaults::CONFIG_WATCH_INTERVAL_SECS, help_heading = "PD Disaggregation")]
+    pub config_watch_interval_secs: u64,
+
     /// pdgate: a YAML file holding a list of worker specs, read at startup and on reload
     /// (relative to the config file).
     #[arg(long, help_heading = "PD Disaggregation")]

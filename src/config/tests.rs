@@ -329,6 +329,7 @@ const EVERY_KEY: &str = "
   link_probe_successes: 4
   link_canary_interval_secs: 15
   capacity_window_secs: 30
+  config_watch_interval_secs: 4
   cors_allowed_origins: [http://localhost:3000]
   retry_max_retries: 3
   retry_initial_backoff_ms: 20

@@ -536,3 +536,83 @@ async fn sigterm_answers_keep_alive_clients_before_closing_their_connections() {
         "no answer told a client to reconnect: {summary}"
     );
 }
+
+/// A ConfigMap-style update: the workers file is a symlink into a `..data` directory that is
+/// swapped atomically (how kubelet updates a mounted ConfigMap).
+fn configmap_write(dir: &Path, version: u32, workers: &[Value]) {
+    let data = dir.join(format!("..v{version}"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("workers.yaml"),
+        serde_json::to_string(workers).unwrap(),
+    )
+    .unwrap();
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..v{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    let link = dir.join("workers.yaml");
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink("..data/workers.yaml", &link).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_update_of_the_workers_file_is_applied_without_a_signal() {
+    let spawn = |role, ip| MockEngine::spawn(MockEngineConfig::test(EngineKind::Sglang, role, ip));
+    let p = spawn(Role::Prefill, [127, 0, 81, 1]).await.unwrap();
+    let d1 = spawn(Role::Decode, [127, 0, 81, 2]).await.unwrap();
+    let d2 = spawn(Role::Decode, [127, 0, 81, 3]).await.unwrap();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("configmap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    configmap_write(&dir, 1, &[p.worker_spec(), d1.worker_spec()]);
+    let extra = format!(
+        "  workers_file: {}\n  config_watch_interval_secs: 1\n  drain_settle_secs: 0\n",
+        dir.join("workers.yaml").display()
+    );
+    let mut gw = Gateway::start(&[], &extra).await;
+    gw.wait_ready().await;
+    let urls = |w: &Value| -> Vec<String> {
+        w["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["url"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(urls(&gw.get("/workers").await.json()).contains(&d1.api_url()));
+
+    configmap_write(&dir, 2, &[p.worker_spec(), d2.worker_spec()]);
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = urls(&gw.get("/workers").await.json());
+        if now.contains(&d2.api_url()) && !now.contains(&d1.api_url()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "the update was not applied: {now:?}\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Once d2 is ready, requests go there.
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = gw
+            .post(
+                "/generate",
+                &json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
+            )
+            .await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(d2.records().len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
