@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and test pdgate: cmake (Pingora's zlib-ng build
 # needs it), a C compiler, and Debian's `prometheus` (the observability tests run `promtool check
-# metrics` and a real Prometheus server). Idempotent; safe to run on every invocation.
+# metrics` and a real Prometheus server), and `kubectl` (Debian's `kubernetes-client`: the
+# Kubernetes manifests are rendered and checked). Idempotent; safe to run on every invocation.
 set -euo pipefail
 
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need+=(prometheus)
+# `kubectl kustomize` renders deploy/kubernetes offline in the deployment test.
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""
