@@ -15,6 +15,7 @@ mod error;
 mod file;
 mod gateway;
 mod launch;
+mod manifest;
 mod net;
 mod otlp;
 mod reload;
@@ -31,6 +32,7 @@ use pingora::server::configuration::ServerConf;
 
 pub use error::{ConfigError, ConfigErrorKind};
 pub use file::{load_file, load_workers_file, parse_yaml};
+pub use manifest::parse_manifest;
 pub use gateway::{
     AssignmentMode, CacheIndexKind, GatewayConfig, LogLevel, PairingMode, PolicyName,
 };
