@@ -1,0 +1,286 @@
+//! Kubernetes service discovery (`--service-discovery`, `--discovery-provider kubernetes`): one
+//! watch per role over the pods its selector matches (in `--service-discovery-namespace`, or
+//! every namespace), through kube-runtime's watcher and a reflector store.
+//!
+//! A pod becomes a worker of its selector's role once it is Running and Ready with an IP, and is
+//! retired (drained, then removed) when it is deleted, stops being ready or changes IP. After
+//! every change the whole store is reconciled against the workers this watch holds, so a missed
+//! event cannot leave a stale worker behind.
+//!
+//! Failures never stop the gateway: credentials that cannot be found and an API server that
+//! cannot be reached are logged and retried with backoff (kube's default, up to about a minute
+//! apart). A broken watch is resumed and, on `410 Gone`, relisted; the reflector swaps in the new
+//! list only once it is complete, so healthy workers stay registered meanwhile.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use super::pods::{pod_name, worker_spec, PodReading};
+use crate::config::{label_selector, GatewayConfig, WorkerSpec, WorkerType};
+use crate::gateway::Gateway;
+use crate::workers::intake;
+use crate::workers::worker::Origin;
+
+/// How often a watch re-reconciles without an event: picks up a pod whose URL was still held by
+/// a draining worker (a pod that came back on the same IP).
+const RECONCILE_TICK: Duration = Duration::from_secs(1);
+/// First and last delay between attempts to build a client (no kubeconfig, no service account).
+const CLIENT_RETRY_FIRST: Duration = Duration::from_secs(1);
+const CLIENT_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The background service: started once with the startup config's discovery settings (they are
+/// restart-only).
+pub struct KubernetesDiscovery {
+    pub gw: Arc<Gateway>,
+    pub roles: Vec<RoleWatch>,
+}
+
+/// What one role's watch looks for.
+#[derive(Clone, Debug)]
+pub struct RoleWatch {
+    pub role: WorkerType,
+    /// The API server's `labelSelector`.
+    pub selector: String,
+    pub namespace: Option<String>,
+    pub reading: PodReading,
+}
+
+impl KubernetesDiscovery {
+    /// `Err` only for settings validation already refuses (a bad selector).
+    pub fn from_config(gw: Arc<Gateway>, cfg: &GatewayConfig) -> Result<Self, String> {
+        let reading = PodReading::from_config(cfg);
+        let mut roles = Vec::new();
+        for (role, words) in [
+            (WorkerType::Prefill, &cfg.prefill_selector),
+            (WorkerType::Decode, &cfg.decode_selector),
+        ] {
+            roles.push(RoleWatch {
+                role,
+                selector: label_selector(words)
+                    .map_err(|e| format!("{}_selector: {e}", role.as_str()))?,
+                namespace: cfg.service_discovery_namespace.clone(),
+                reading: reading.clone(),
+            });
+        }
+        Ok(KubernetesDiscovery { gw, roles })
+    }
+}
+
+#[async_trait]
+impl BackgroundService for KubernetesDiscovery {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let client = tokio::select! {
+            client = connect(&self.gw) => client,
+            _ = shutdown.changed() => return,
+        };
+        let watches = self
+            .roles
+            .iter()
+            .map(|role| watch_role(self.gw.clone(), client.clone(), role.clone()));
+        tokio::select! {
+            _ = futures::future::join_all(watches) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// A client from the in-cluster service account or `KUBECONFIG` (kube's `Config::infer`),
+/// retried with backoff until one can be built.
+async fn connect(gw: &Gateway) -> Client {
+    let mut delay = CLIENT_RETRY_FIRST;
+    loop {
+        let built = match kube::Config::infer().await {
+            Ok(config) => Client::try_from(config).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match built {
+            Ok(client) => return client,
+            Err(e) => {
+                log::warn!(
+                    "discovery: no Kubernetes client ({e}); retrying in {}s",
+                    delay.as_secs()
+                );
+                for role in [WorkerType::Prefill, WorkerType::Decode] {
+                    gw.discovery
+                        .failed(role, format!("no Kubernetes client: {e}"));
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(CLIENT_RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// One role's watch, for the life of the service.
+async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
+    let api: Api<Pod> = match &watch.namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let (store, writer) = reflector::store::<Pod>();
+    let config = watcher::Config::default().labels(&watch.selector);
+    let events = watcher(api, config).default_backoff().reflect(writer);
+    let mut events = std::pin::pin!(events);
+    let mut held = Held::default();
+    let mut tick = tokio::time::interval(RECONCILE_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let role = watch.role.as_str();
+    log::info!(
+        "discovery: watching {role} pods matching `{}` in {}",
+        watch.selector,
+        watch
+            .namespace
+            .as_deref()
+            .map_or("every namespace".to_string(), |ns| format!(
+                "namespace {ns}"
+            ))
+    );
+    let mut synced = false;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                None => return,
+                Some(Ok(event)) => {
+                    if failing {
+                        log::info!("discovery: the {role} watch is back");
+                        failing = false;
+                    }
+                    match event {
+                        watcher::Event::InitDone => {
+                            synced = true;
+                            held.reconcile(&gw, &store, &watch);
+                            gw.discovery.synced(watch.role, held.len());
+                        }
+                        watcher::Event::Apply(_) | watcher::Event::Delete(_) if synced => {
+                            held.reconcile(&gw, &store, &watch);
+                            gw.discovery.synced(watch.role, held.len());
+                        }
+                        // A (re)list in progress: the store swaps it in at InitDone.
+                        _ => {}
+                    }
+                }
+                Some(Err(e)) => {
+                    // The watcher retries by itself (backoff, relist on 410 Gone); the workers
+                    // it registered stay as they are meanwhile.
+                    let why = e.to_string();
+                    if !failing {
+                        log::warn!("discovery: the {role} watch failed ({why}); retrying with backoff");
+                    } else {
+                        log::debug!("discovery: the {role} watch failed again ({why})");
+                    }
+                    failing = true;
+                    gw.discovery.failed(watch.role, why);
+                }
+            },
+            _ = tick.tick(), if synced && held.waiting => {
+                held.reconcile(&gw, &store, &watch);
+                gw.discovery.synced(watch.role, held.len());
+            }
+        }
+    }
+}
+
+/// The workers one role's watch registered, by pod UID.
+#[derive(Default)]
+struct Held {
+    workers: HashMap<String, HeldWorker>,
+    /// A serving pod is not registered yet (its URL is taken): reconcile again on the tick.
+    waiting: bool,
+}
+
+struct HeldWorker {
+    id: String,
+    spec: WorkerSpec,
+    pod: String,
+}
+
+impl Held {
+    fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Makes the registered workers match the store's serving pods: admits new ones, retires
+    /// those whose pod left or stopped serving, re-registers those whose spec changed.
+    fn reconcile(&mut self, gw: &Arc<Gateway>, store: &Store<Pod>, watch: &RoleWatch) {
+        let mut wanted: HashMap<String, (WorkerSpec, String)> = HashMap::new();
+        for pod in store.state() {
+            let Some(uid) = pod.metadata.uid.clone() else {
+                continue;
+            };
+            if let Some(spec) = worker_spec(&pod, watch.role, &watch.reading) {
+                wanted.insert(uid, (spec, pod_name(&pod)));
+            }
+        }
+        // Leaving (or changed): retire first, so a new registration may take the URL later.
+        let gone: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(uid, held)| wanted.get(*uid).is_none_or(|(spec, _)| *spec != held.spec))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in gone {
+            if let Some(held) = self.workers.remove(&uid) {
+                if let Some(worker) = gw.registry.snapshot().by_id(&held.id).cloned() {
+                    log::info!(
+                        "discovery: pod {} left or stopped serving; draining worker {}",
+                        held.pod,
+                        held.spec.url
+                    );
+                    gw.retire(worker);
+                }
+            }
+        }
+        self.waiting = false;
+        for (uid, (spec, pod)) in wanted {
+            if self.workers.contains_key(&uid) {
+                continue;
+            }
+            let snap = gw.registry.snapshot();
+            if let Some(existing) = snap.by_url(&spec.url) {
+                if existing.origin == Origin::Discovery
+                    && existing.status() == crate::workers::Status::Draining
+                {
+                    // The same IP came back while its old worker drains: try again later.
+                    self.waiting = true;
+                } else {
+                    log::warn!(
+                        "discovery: pod {pod}: {} is already registered (as {}); the pod is not added",
+                        spec.url,
+                        existing.id
+                    );
+                }
+                continue;
+            }
+            let defaults = gw.settings().worker_defaults.clone();
+            let worker = match intake::startup_worker(&spec, &defaults, Origin::Discovery) {
+                Ok(w) => w,
+                Err(e) => {
+                    log::warn!("discovery: pod {pod}: {e}");
+                    continue;
+                }
+            };
+            let id = worker.id.clone();
+            if gw.admit(worker) {
+                log::info!(
+                    "discovery: pod {pod} registered as {} worker {} ({id})",
+                    watch.role.as_str(),
+                    spec.url
+                );
+                self.workers.insert(uid, HeldWorker { id, spec, pod });
+            } else {
+                self.waiting = true;
+            }
+        }
+    }
+}
