@@ -12,7 +12,7 @@
 //! apart). A broken watch is resumed and, on `410 Gone`, relisted; the reflector swaps in the new
 //! list only once it is complete, so healthy workers stay registered meanwhile.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,8 +31,10 @@ use crate::gateway::Gateway;
 use crate::workers::intake;
 use crate::workers::worker::Origin;
 
-/// How often a watch re-reconciles without an event: picks up a pod whose URL was still held by
-/// a draining worker (a pod that came back on the same IP).
+/// How often a watch checks, without an event, whether it must reconcile: a pod whose URL was
+/// still held by a draining worker (it came back on the same IP), or a worker of a serving pod
+/// that left the registry some other way (`DELETE /workers/{id}`): the pod is registered again,
+/// since the pods are the source of truth.
 const RECONCILE_TICK: Duration = Duration::from_secs(1);
 /// First and last delay between attempts to build a client (no kubeconfig, no service account).
 const CLIENT_RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -183,9 +185,11 @@ async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
                     gw.discovery.failed(watch.role, why);
                 }
             },
-            _ = tick.tick(), if synced && held.waiting => {
-                held.reconcile(&gw, &store, &watch);
-                gw.discovery.synced(watch.role, held.len());
+            _ = tick.tick(), if synced => {
+                if held.needs_pass(&gw) {
+                    held.reconcile(&gw, &store, &watch);
+                    gw.discovery.synced(watch.role, held.len());
+                }
             }
         }
     }
@@ -210,9 +214,24 @@ impl Held {
         self.workers.len()
     }
 
+    /// Whether a reconcile would change something the pods did not: a pod waits for its URL, or
+    /// a held worker is no longer registered.
+    fn needs_pass(&self, gw: &Gateway) -> bool {
+        if self.waiting {
+            return true;
+        }
+        let snap = gw.registry.snapshot();
+        let live: HashSet<&str> = snap.all.iter().map(|w| w.id.as_str()).collect();
+        self.workers.values().any(|h| !live.contains(h.id.as_str()))
+    }
+
     /// Makes the registered workers match the store's serving pods: admits new ones, retires
     /// those whose pod left or stopped serving, re-registers those whose spec changed.
     fn reconcile(&mut self, gw: &Arc<Gateway>, store: &Store<Pod>, watch: &RoleWatch) {
+        // Workers removed behind the watch's back are forgotten, so their pods register again.
+        let snap = gw.registry.snapshot();
+        self.workers
+            .retain(|_, held| snap.by_id(&held.id).is_some());
         let mut wanted: HashMap<String, (WorkerSpec, String)> = HashMap::new();
         for pod in store.state() {
             let Some(uid) = pod.metadata.uid.clone() else {

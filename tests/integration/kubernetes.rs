@@ -2,7 +2,7 @@
 //! (`mock_engine::kube_api`) found through a generated `KUBECONFIG`: pods become workers once
 //! Running and Ready, leave (drained) when deleted or not ready, only in the watched namespace,
 //! with their annotations; a 410 relist keeps healthy workers; an API server that is down at
-//! startup is waited for. Engines listen on 127.0.80.x–127.0.84.x, all on one port per test
+//! startup is waited for. Engines listen on 127.0.80.x–127.0.85.x, all on one port per test
 //! (`service_discovery_port`).
 
 use std::path::PathBuf;
@@ -57,11 +57,21 @@ fn kubeconfig(server: &str) -> PathBuf {
 
 /// A gateway discovering the role selectors above in `inference`, engines on `port`.
 async fn gateway(server: &str, port: u16, extra: &str) -> Gateway {
+    gateway_watching(
+        server,
+        port,
+        &format!("  service_discovery_namespace: {NS}\n{extra}"),
+    )
+    .await
+}
+
+/// A gateway discovering the role selectors above (in every namespace unless `extra` says).
+async fn gateway_watching(server: &str, port: u16, extra: &str) -> Gateway {
     let config = kubeconfig(server);
     let yaml = format!(
         "  service_discovery: true\n  prefill_selector: [app=engine, role=prefill]\n  \
-         decode_selector: [app=engine, role=decode]\n  service_discovery_namespace: {NS}\n  \
-         service_discovery_port: {port}\n  drain_settle_secs: 1\n{extra}"
+         decode_selector: [app=engine, role=decode]\n  service_discovery_port: {port}\n  \
+         drain_settle_secs: 1\n{extra}"
     );
     let kubeconfig = config.display().to_string();
     Gateway::start_with_env(&[], &yaml, &[("KUBECONFIG", &kubeconfig)]).await
@@ -169,6 +179,34 @@ async fn discovered_pods_in_the_namespace_serve_pd_requests() {
         json!(p.bootstrap_port()),
         "the decode is sent to the annotated bootstrap port"
     );
+
+    // The pods are the source of truth: a discovered worker deleted through the worker API
+    // drains, then its still-serving pod is registered again.
+    let old_id = decode["id"].as_str().expect("an id").to_string();
+    let r =
+        mock_engine::client::request("DELETE", &gw.url(&format!("/workers/{old_id}")), &[], None)
+            .await
+            .expect("DELETE");
+    assert_eq!(r.status, 202, "{}", r.text());
+    let d_url = url_of(&d, port);
+    workers_when(&gw, Duration::from_secs(15), |w| {
+        find(w, &d_url).is_some_and(|w| w["id"] != old_id.as_str() && w["status"] == "ready")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_namespace_every_namespace_is_watched() {
+    let api = FakeKubeApi::start().await.expect("fake API server");
+    let port = free_port();
+    api.apply(pod("team-a", "prefill-a", PREFILL, "127.0.85.1", true));
+    api.apply(pod("team-b", "decode-b", DECODE, "127.0.85.2", true));
+    let gw = gateway_watching(&api.url(), port, "").await;
+    let workers = workers_when(&gw, Duration::from_secs(20), |w| w.len() == 2).await;
+    assert!(find(&workers, &format!("http://127.0.85.1:{port}"))
+        .is_some_and(|w| w["worker_type"] == "prefill"));
+    assert!(find(&workers, &format!("http://127.0.85.2:{port}"))
+        .is_some_and(|w| w["worker_type"] == "decode"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
