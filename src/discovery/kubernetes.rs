@@ -8,8 +8,7 @@
 //! event cannot leave a stale worker behind.
 //!
 //! Failures never stop the gateway: credentials that cannot be found and an API server that
-//! cannot be reached are logged and retried with backoff (kube's default, up to about a minute
-//! apart). A broken watch is resumed and, on `410 Gone`, relisted; the reflector swaps in the new
+//! cannot be reached are logged and retried with backoff (up to a minute and 30 s apart). A broken watch is resumed and, on `410 Gone`, relisted; the reflector swaps in the new
 //! list only once it is complete, so healthy workers stay registered meanwhile.
 
 use std::collections::{HashMap, HashSet};
@@ -24,6 +23,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use rand::Rng;
 
 use super::pods::{pod_name, worker_spec, PodReading};
 use crate::config::{label_selector, GatewayConfig, WorkerSpec, WorkerType};
@@ -39,6 +39,31 @@ const RECONCILE_TICK: Duration = Duration::from_secs(1);
 /// First and last delay between attempts to build a client (no kubeconfig, no service account).
 const CLIENT_RETRY_FIRST: Duration = Duration::from_secs(1);
 const CLIENT_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Between watch attempts after a failure: client-go's reflector backoff (0.8 s doubling to
+/// 30 s, ±50% jitter), back to the start once the API server answers.
+const WATCH_RETRY_FIRST: Duration = Duration::from_millis(800);
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct WatchBackoff {
+    failures: u32,
+}
+
+impl WatchBackoff {
+    fn next_delay(&mut self) -> Duration {
+        let base = WATCH_RETRY_FIRST
+            .saturating_mul(1 << self.failures.min(6))
+            .min(WATCH_RETRY_MAX);
+        self.failures = self.failures.saturating_add(1);
+        base.mul_f64(rand::thread_rng().gen_range(0.5..1.5))
+            .min(WATCH_RETRY_MAX)
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
 
 /// The background service: started once with the startup config's discovery settings (they are
 /// restart-only).
@@ -131,7 +156,11 @@ async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
     };
     let (store, writer) = reflector::store::<Pod>();
     let config = watcher::Config::default().labels(&watch.selector);
-    let events = watcher(api, config).default_backoff().reflect(writer);
+    // Not kube's `default_backoff()`: it resets on every Ok item, and the watcher yields an Ok
+    // `Init` before each relist attempt, so an unreachable API server would be retried every
+    // 800 ms forever. The delay here resets only when the API server really answered.
+    let events = watcher(api, config).reflect(writer);
+    let mut backoff = WatchBackoff::default();
     let mut events = std::pin::pin!(events);
     let mut held = Held::default();
     let mut tick = tokio::time::interval(RECONCILE_TICK);
@@ -154,9 +183,13 @@ async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
             event = events.next() => match event {
                 None => return,
                 Some(Ok(event)) => {
-                    if failing {
-                        log::info!("discovery: the {role} watch is back");
-                        failing = false;
+                    // `Init` only says a (re)list is about to start.
+                    if !matches!(event, watcher::Event::Init) {
+                        backoff.reset();
+                        if failing {
+                            log::info!("discovery: the {role} watch is back");
+                            failing = false;
+                        }
                     }
                     match event {
                         watcher::Event::InitDone => {
@@ -173,16 +206,24 @@ async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
                     }
                 }
                 Some(Err(e)) => {
-                    // The watcher retries by itself (backoff, relist on 410 Gone); the workers
-                    // it registered stay as they are meanwhile.
+                    // The watcher resumes on the next poll (relisting after 410 Gone); the
+                    // workers it registered stay as they are meanwhile.
                     let why = e.to_string();
+                    let delay = backoff.next_delay();
                     if !failing {
-                        log::warn!("discovery: the {role} watch failed ({why}); retrying with backoff");
+                        log::warn!(
+                            "discovery: the {role} watch failed ({why}); retrying with backoff, first in {} ms",
+                            delay.as_millis()
+                        );
                     } else {
-                        log::debug!("discovery: the {role} watch failed again ({why})");
+                        log::debug!(
+                            "discovery: the {role} watch failed again ({why}); retrying in {} ms",
+                            delay.as_millis()
+                        );
                     }
                     failing = true;
                     gw.discovery.failed(watch.role, why);
+                    tokio::time::sleep(delay).await;
                 }
             },
             _ = tick.tick(), if synced => {
@@ -301,5 +342,28 @@ impl Held {
                 self.waiting = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_retries_back_off_to_30s_and_start_over_once_answered() {
+        let mut b = WatchBackoff::default();
+        let first = b.next_delay();
+        assert!(
+            first >= WATCH_RETRY_FIRST / 2 && first <= WATCH_RETRY_FIRST * 3 / 2,
+            "{first:?}"
+        );
+        let later: Vec<Duration> = (0..10).map(|_| b.next_delay()).collect();
+        assert!(later.iter().all(|d| *d <= WATCH_RETRY_MAX));
+        assert!(
+            later[9] >= WATCH_RETRY_MAX / 2,
+            "grows to the cap: {later:?}"
+        );
+        b.reset();
+        assert!(b.next_delay() <= WATCH_RETRY_FIRST * 3 / 2);
     }
 }
