@@ -245,6 +245,16 @@ impl Gateway {
         });
     }
 
+    /// Replaces a worker's registration in place: same id, its live state (health, breaker,
+    /// load) carried over. Requests in flight keep the old registration.
+    pub fn swap(&self, current: &Arc<Worker>, worker: Arc<Worker>) {
+        worker.inherit_state(current);
+        self.registry.replace(worker.clone());
+        let policies = self.policies.load();
+        policies.worker_removed(current);
+        policies.worker_added(&worker);
+    }
+
     /// Swaps in a validated new config (reload).
     pub fn swap_config(&self, cfg: GatewayConfig) {
         let limiter = Limiter::new(Limits::from_config(&cfg));

@@ -29,7 +29,8 @@ use super::pods::{pod_name, worker_spec, PodReading};
 use crate::config::{label_selector, GatewayConfig, WorkerSpec, WorkerType};
 use crate::gateway::Gateway;
 use crate::workers::intake;
-use crate::workers::worker::Origin;
+use crate::workers::worker::{Origin, WorkerDefaults};
+use crate::workers::{Worker, WorkerAddress};
 
 /// How often a watch checks, without an event, whether it must reconcile: a pod whose URL was
 /// still held by a draining worker (it came back on the same IP), or a worker of a serving pod
@@ -267,7 +268,7 @@ impl Held {
     }
 
     /// Makes the registered workers match the store's serving pods: admits new ones, retires
-    /// those whose pod left or stopped serving, re-registers those whose spec changed.
+    /// those whose pod left, stopped serving or moved, updates those whose annotations changed.
     fn reconcile(&mut self, gw: &Arc<Gateway>, store: &Store<Pod>, watch: &RoleWatch) {
         // Workers removed behind the watch's back are forgotten, so their pods register again.
         let snap = gw.registry.snapshot();
@@ -282,7 +283,30 @@ impl Held {
                 wanted.insert(uid, (spec, pod_name(&pod)));
             }
         }
-        // Leaving (or changed): retire first, so a new registration may take the URL later.
+        // Same pod and URL, new annotations: the registration changes in place, as a
+        // `PUT /workers/{id}` does (no drain, health and load kept).
+        let defaults = gw.settings().worker_defaults.clone();
+        for (uid, held) in self.workers.iter_mut() {
+            let Some((spec, pod)) = wanted.get(uid) else {
+                continue;
+            };
+            if spec.url != held.spec.url || *spec == held.spec {
+                continue;
+            }
+            let Some(current) = snap.by_id(&held.id).cloned() else {
+                continue;
+            };
+            match same_worker_with(&current, spec.clone(), &defaults) {
+                Ok(worker) => {
+                    log::info!("discovery: pod {pod}: worker {} updated", spec.url);
+                    gw.swap(&current, worker);
+                    held.spec = spec.clone();
+                }
+                Err(e) => log::warn!("discovery: pod {pod}: {e}"),
+            }
+        }
+        // Leaving (or moved to another IP): retire first, so a new registration may take the
+        // URL later.
         let gone: Vec<String> = self
             .workers
             .iter()
@@ -322,7 +346,6 @@ impl Held {
                 }
                 continue;
             }
-            let defaults = gw.settings().worker_defaults.clone();
             let worker = match intake::startup_worker(&spec, &defaults, Origin::Discovery) {
                 Ok(w) => w,
                 Err(e) => {
@@ -343,6 +366,24 @@ impl Held {
             }
         }
     }
+}
+
+/// `current`'s registration with a new spec for the same URL (same id).
+fn same_worker_with(
+    current: &Worker,
+    spec: WorkerSpec,
+    defaults: &WorkerDefaults,
+) -> Result<Arc<Worker>, String> {
+    let address = WorkerAddress::parse(&spec.url)?;
+    let addr = intake::resolve(&address)?;
+    Ok(Worker::new(
+        current.id.clone(),
+        spec,
+        address,
+        addr,
+        defaults,
+        Origin::Discovery,
+    ))
 }
 
 #[cfg(test)]

@@ -288,7 +288,7 @@ async fn pod_annotations_reach_the_worker_spec() {
         "example.com/kv-connector": "NixlConnector",
         "example.com/kv-engine-id": "decode-engine-0",
     });
-    api.apply(p);
+    api.apply(p.clone());
     api.apply(d);
     let gw = gateway(
         &api.url(),
@@ -309,6 +309,19 @@ async fn pod_annotations_reach_the_worker_spec() {
     );
     assert_eq!(decode["kv_connector"], "NixlConnector");
     assert_eq!(decode["kv_engine_id"], "decode-engine-0");
+
+    // A changed annotation updates the registration in place (same worker id, no drain).
+    let id = prefill["id"].clone();
+    p["metadata"]["annotations"]["example.com/kv-engine-id"] = json!("prefill-engine-1");
+    api.apply(p);
+    let prefill_url = format!("http://127.0.82.1:{port}");
+    let workers = workers_when(&gw, Duration::from_secs(10), |w| {
+        find(w, &prefill_url).is_some_and(|w| w["kv_engine_id"] == "prefill-engine-1")
+    })
+    .await;
+    let prefill = find(&workers, &prefill_url).expect("prefill");
+    assert_eq!(prefill["id"], id, "the worker was re-created: {prefill}");
+    assert_ne!(prefill["status"], "draining", "{prefill}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
