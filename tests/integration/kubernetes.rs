@@ -322,6 +322,22 @@ async fn pod_annotations_reach_the_worker_spec() {
     let prefill = find(&workers, &prefill_url).expect("prefill");
     assert_eq!(prefill["id"], id, "the worker was re-created: {prefill}");
     assert_ne!(prefill["status"], "draining", "{prefill}");
+
+    // A reload owns the config's workers only: the discovered ones stay as they are.
+    let before: Vec<Value> = workers.iter().map(|w| w["id"].clone()).collect();
+    let r = gw.post("/reload", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["workers_removed"], json!([]), "{}", r.text());
+    let after = gw.get("/workers").await.json();
+    let after = after["workers"].as_array().expect("workers");
+    assert_eq!(after.len(), 2, "{after:?}");
+    for w in after {
+        assert!(
+            before.contains(&w["id"]),
+            "a discovered worker changed on reload: {w}"
+        );
+        assert_ne!(w["status"], "draining", "{w}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
