@@ -170,6 +170,8 @@ pub struct Gateway {
     pub canary_secret: String,
     /// The latest P:D capacity advice.
     pub capacity: crate::capacity::Capacity,
+    /// How service discovery is doing (`/readiness`); empty without discovery.
+    pub discovery: crate::discovery::DiscoveryStatus,
 }
 
 impl Gateway {
@@ -180,6 +182,7 @@ impl Gateway {
         models: crate::models::Models,
     ) -> Gateway {
         let cfg = startup.gateway.clone();
+        let discovery = crate::discovery::DiscoveryStatus::new(cfg.discovery());
         let limiter = Limiter::new(Limits::from_config(&cfg)).map(Arc::new);
         let source = startup.source.clone();
         let settings = Settings::from_config(&cfg);
@@ -199,6 +202,7 @@ impl Gateway {
             limiter: ArcSwapOption::new(limiter),
             canary_secret: uuid::Uuid::new_v4().simple().to_string(),
             capacity: crate::capacity::Capacity::new(),
+            discovery,
         }
     }
 
@@ -239,6 +243,16 @@ impl Gateway {
                 log::info!("worker {} removed", worker.url());
             }
         });
+    }
+
+    /// Replaces a worker's registration in place: same id, its live state (health, breaker,
+    /// load) carried over. Requests in flight keep the old registration.
+    pub fn swap(&self, current: &Arc<Worker>, worker: Arc<Worker>) {
+        worker.inherit_state(current);
+        self.registry.replace(worker.clone());
+        let policies = self.policies.load();
+        policies.worker_removed(current);
+        policies.worker_added(&worker);
     }
 
     /// Swaps in a validated new config (reload).

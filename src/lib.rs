@@ -7,6 +7,7 @@ pub mod admin;
 pub mod capacity;
 pub mod config;
 pub mod demo;
+pub mod discovery;
 pub mod drain;
 pub mod gateway;
 pub mod ledger;

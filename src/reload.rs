@@ -135,9 +135,13 @@ async fn apply(gw: &Arc<Gateway>) -> Result<ReloadReport, String> {
             .iter()
             .filter(|w| file_url(w) == spec.url)
             .collect();
-        if existing.iter().any(|w| w.origin == Origin::Api) {
+        if let Some(w) = existing.iter().find(|w| w.origin != Origin::Config) {
+            let by = match w.origin {
+                Origin::Discovery => "service discovery",
+                _ => "the worker API",
+            };
             log::warn!(
-                "reload: {} is registered through the worker API; the file's entry is ignored",
+                "reload: {} is registered by {by}; the file's entry is ignored",
                 spec.url
             );
             continue;

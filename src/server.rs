@@ -1,5 +1,6 @@
 //! Assembling a running gateway from one validated [`LoadedConfig`]: the Pingora server, the
-//! data-plane proxy service, the Prometheus listener, and the background services (health).
+//! data-plane proxy service, the Prometheus listener, and the background services (health,
+//! service discovery).
 //!
 //! Nothing here starts threads or runtimes: Pingora may daemonize in `run_forever`, so all
 //! runtime work happens inside services.
@@ -12,7 +13,8 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
-use crate::config::LoadedConfig;
+use crate::config::{DiscoveryProvider, LoadedConfig};
+use crate::discovery::kubernetes::KubernetesDiscovery;
 use crate::drain::{DrainOnShutdown, DrainingApp, DRAIN};
 use crate::gateway::Gateway;
 use crate::proxy::{Listener, PdGateway};
@@ -116,6 +118,14 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
         "config watch",
         crate::reload::ReloadOnChange { gw: gw.clone() },
     ));
+    match cfg.discovery() {
+        Some(DiscoveryProvider::Kubernetes) => {
+            let discovery =
+                KubernetesDiscovery::from_config(gw.clone(), &cfg).map_err(BuildError)?;
+            server.add_service(background_service("kubernetes discovery", discovery));
+        }
+        None => {}
+    }
     server.add_service(background_service("config reload", ReloadOnHangup { gw }));
     Ok(server)
 }

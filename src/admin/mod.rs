@@ -13,13 +13,15 @@ use crate::workers::intake::worker_get;
 use crate::workers::select::select_pair;
 
 /// `/readiness`: ready only with at least one healthy prefill and one healthy decode worker.
+/// With service discovery the body also carries a `discovery` object (whether each role's pods
+/// were listed, how many workers it holds, its latest watch error).
 pub fn readiness(gw: &Gateway) -> Reply {
     let snap = gw.registry.snapshot();
     let prefill = snap.healthy(WorkerType::Prefill);
     let decode = snap.healthy(WorkerType::Decode);
-    if prefill > 0 && decode > 0 {
+    let (status, mut body) = if prefill > 0 && decode > 0 {
         let healthy = snap.all.iter().filter(|w| w.is_healthy()).count();
-        Reply::json(
+        (
             200,
             serde_json::json!({
                 "status": "ready",
@@ -27,21 +29,23 @@ pub fn readiness(gw: &Gateway) -> Reply {
                 "total_workers": snap.all.len(),
                 "prefill_healthy": prefill,
                 "decode_healthy": decode,
-            })
-            .to_string(),
+            }),
         )
     } else {
-        Reply::json(
+        (
             503,
             serde_json::json!({
                 "status": "not ready",
                 "reason": "insufficient healthy workers",
                 "prefill_healthy": prefill,
                 "decode_healthy": decode,
-            })
-            .to_string(),
+            }),
         )
+    };
+    if let Some(discovery) = gw.discovery.to_json() {
+        body["discovery"] = discovery;
     }
+    Reply::json(status, body.to_string())
 }
 
 /// `/health_generate`: picks one prefill/decode pair as a request would and asks both engines'

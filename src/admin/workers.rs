@@ -272,14 +272,11 @@ async fn swap_in(gw: &Gateway, current: &Arc<Worker>, spec: WorkerSpec) -> Reply
         Ok(w) => w,
         Err(r) => return r,
     };
-    worker.inherit_state(current);
-    gw.registry.replace(worker.clone());
-    let policies = gw.policies.load();
-    policies.worker_removed(current);
-    policies.worker_added(&worker);
+    let id = worker.id.clone();
+    gw.swap(current, worker);
     Reply::json(
         202,
-        json!({"status": "accepted", "worker_id": worker.id, "message": "Worker update applied"})
+        json!({"status": "accepted", "worker_id": id, "message": "Worker update applied"})
             .to_string(),
     )
 }

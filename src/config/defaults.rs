@@ -251,3 +251,14 @@ pub const LOG_LEVEL: &str = "info";
 
 /// SMG: `--otlp-traces-endpoint` (OTLP/gRPC to a local collector).
 pub const OTLP_TRACES_ENDPOINT: &str = "localhost:4317";
+
+// ---- Service discovery (`--service-discovery` / `--discovery-provider`) -----------------------
+
+/// SMG: `--service-discovery-port`, the port of a discovered pod's engine.
+pub const SERVICE_DISCOVERY_PORT: u16 = 80;
+/// SMG: `--kv-connector-annotation`.
+pub const KV_CONNECTOR_ANNOTATION: &str = "smg.ai/kv-connector";
+/// SMG: `--kv-engine-id-annotation`.
+pub const KV_ENGINE_ID_ANNOTATION: &str = "smg.ai/kv-engine-id";
+/// SMG: the annotation a prefill pod advertises its bootstrap port with (no flag).
+pub const BOOTSTRAP_PORT_ANNOTATION: &str = "sglang.ai/bootstrap-port";

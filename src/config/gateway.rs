@@ -46,6 +46,23 @@ impl PairingMode {
     }
 }
 
+/// `--discovery-provider`: where workers are discovered besides the config and `POST /workers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum DiscoveryProvider {
+    /// Pods of the Kubernetes API server (in-cluster credentials or `KUBECONFIG`).
+    Kubernetes,
+}
+
+impl DiscoveryProvider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiscoveryProvider::Kubernetes => "kubernetes",
+        }
+    }
+}
+
 /// `--cache-index`: the cache_aware index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -504,6 +521,46 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = defaults::WORKER_STARTUP_DELAY_SECS, help_heading = "Health Checks")]
     pub worker_startup_delay: u64,
 
+    // ---- Service discovery -------------------------------------------------------------------
+    /// Discover workers from Kubernetes pods (SMG's legacy spelling of
+    /// `--discovery-provider kubernetes`; give one or the other). Restart to change.
+    #[arg(long, help_heading = "Service Discovery")]
+    pub service_discovery: bool,
+
+    /// Where workers are discovered: kubernetes (pods matching the role selectors).
+    #[arg(long, value_enum, help_heading = "Service Discovery")]
+    pub discovery_provider: Option<DiscoveryProvider>,
+
+    /// SMG's selector for regular-mode pods; refused: pdgate discovers prefill and decode pods
+    /// with prefill_selector and decode_selector.
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE", help_heading = "Service Discovery")]
+    pub selector: Vec<String>,
+
+    /// Labels a prefill pod carries (`key=value`, all must match).
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE", help_heading = "Service Discovery")]
+    pub prefill_selector: Vec<String>,
+
+    /// Labels a decode pod carries (`key=value`, all must match).
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE", help_heading = "Service Discovery")]
+    pub decode_selector: Vec<String>,
+
+    /// Port of a discovered pod's engine.
+    #[arg(long, default_value_t = defaults::SERVICE_DISCOVERY_PORT, help_heading = "Service Discovery")]
+    pub service_discovery_port: u16,
+
+    /// Namespace whose pods are watched (default: all namespaces, which needs cluster-wide
+    /// permission to list and watch pods).
+    #[arg(long, help_heading = "Service Discovery")]
+    pub service_discovery_namespace: Option<String>,
+
+    /// Pod annotation holding a vLLM worker's KV connector.
+    #[arg(long, default_value = defaults::KV_CONNECTOR_ANNOTATION, help_heading = "Service Discovery")]
+    pub kv_connector_annotation: String,
+
+    /// Pod annotation holding a worker's KV engine id.
+    #[arg(long, default_value = defaults::KV_ENGINE_ID_ANNOTATION, help_heading = "Service Discovery")]
+    pub kv_engine_id_annotation: String,
+
     // ---- Logging --------------------------------------------------------------------------------
     /// Default log filter: debug, info, warn or error (RUST_LOG, when set, wins).
     #[arg(long, value_enum, default_value = defaults::LOG_LEVEL, help_heading = "Logging")]
@@ -578,6 +635,14 @@ pub(crate) fn join_host_port(host: &str, port: u16) -> String {
 }
 
 impl GatewayConfig {
+    /// The discovery provider in effect: `discovery_provider`, or kubernetes for SMG's
+    /// `service_discovery: true`. `None`: workers come only from the config and the worker API.
+    pub fn discovery(&self) -> Option<DiscoveryProvider> {
+        self.discovery_provider.or(self
+            .service_discovery
+            .then_some(DiscoveryProvider::Kubernetes))
+    }
+
     /// The prefill leg's policy: `prefill_policy`, else `policy`.
     pub fn effective_prefill_policy(&self) -> PolicyName {
         self.prefill_policy.unwrap_or(self.policy)

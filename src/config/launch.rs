@@ -164,18 +164,10 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("epd_disaggregation", Refused, "EPD (encode workers) is not supported; SMG runs it only over gRPC with TokenSpeed"),
         ("encode", Refused, "EPD (encode workers) is not supported"),
         ("encode_policy", Refused, "EPD (encode workers) is not supported"),
-        ("encode_selector", Refused, "EPD and Kubernetes service discovery are not supported"),
+        ("encode_selector", Refused, "EPD (encode workers) is not supported; discover prefill and decode pods with --prefill-selector and --decode-selector"),
         ("enable_igw", Refused, "IGW (multi-model, multi-router) mode is not supported; pdgate is a PD router"),
-        ("service_discovery", Refused, "Kubernetes service discovery is not supported; list workers in the config or register them with POST /workers"),
-        ("selector", Refused, "Kubernetes service discovery is not supported"),
-        ("prefill_selector", Refused, "Kubernetes service discovery is not supported"),
-        ("decode_selector", Refused, "Kubernetes service discovery is not supported"),
-        ("router_selector", Refused, "Kubernetes service discovery and the HA mesh are not supported"),
-        ("service_discovery_port", Refused, "Kubernetes service discovery is not supported"),
-        ("service_discovery_namespace", Refused, "Kubernetes service discovery is not supported"),
-        ("kv_connector_annotation", Refused, "Kubernetes service discovery is not supported; set kv_connector on the worker spec"),
-        ("kv_engine_id_annotation", Refused, "Kubernetes service discovery is not supported; set kv_engine_id on the worker spec"),
-        ("model_id_from", Refused, "Kubernetes service discovery is not supported"),
+        ("router_selector", Refused, "the HA mesh (router pod discovery) is not supported"),
+        ("model_id_from", Refused, "overriding model ids from pod metadata is not supported; discovered workers report their models"),
         ("model_alias", Refused, "model aliases are not supported"),
         ("backend", Refused, "external-provider backends (openai, anthropic, gemini) are not PD; engine backends are detected per worker"),
         ("zmq_engine_count", Refused, "ipc:// (ZMQ) workers cannot be PD legs"),
@@ -270,24 +262,8 @@ pub struct SmgOnlyFlags {
     encode_selector: Vec<String>,
     #[arg(long, hide = true)]
     enable_igw: bool,
-    #[arg(long, hide = true)]
-    service_discovery: bool,
-    #[arg(long, num_args = 0.., hide = true)]
-    selector: Vec<String>,
-    #[arg(long, num_args = 0.., hide = true)]
-    prefill_selector: Vec<String>,
-    #[arg(long, num_args = 0.., hide = true)]
-    decode_selector: Vec<String>,
     #[arg(long, num_args = 0.., hide = true)]
     router_selector: Vec<String>,
-    #[arg(long, hide = true)]
-    service_discovery_port: Option<u16>,
-    #[arg(long, hide = true)]
-    service_discovery_namespace: Option<String>,
-    #[arg(long, hide = true)]
-    kv_connector_annotation: Option<String>,
-    #[arg(long, hide = true)]
-    kv_engine_id_annotation: Option<String>,
     #[arg(long, hide = true)]
     model_id_from: Option<String>,
     #[arg(long = "model-alias", action = clap::ArgAction::Append, hide = true)]
@@ -474,15 +450,7 @@ impl SmgOnlyFlags {
             encode_policy,
             encode_selector,
             enable_igw,
-            service_discovery,
-            selector,
-            prefill_selector,
-            decode_selector,
             router_selector,
-            service_discovery_port,
-            service_discovery_namespace,
-            kv_connector_annotation,
-            kv_engine_id_annotation,
             model_id_from,
             model_alias,
             zmq_engine_count,

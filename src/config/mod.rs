@@ -11,6 +11,7 @@
 //! docs/configuration.md for the table and for what is refused and why.
 
 pub mod defaults;
+mod discovery;
 mod error;
 mod file;
 mod gateway;
@@ -30,11 +31,13 @@ use std::path::PathBuf;
 
 use pingora::server::configuration::ServerConf;
 
+pub use discovery::label_selector;
 pub use error::{ConfigError, ConfigErrorKind};
 pub use file::{load_file, load_workers_file, parse_yaml};
 pub use manifest::parse_manifest;
 pub use gateway::{
-    AssignmentMode, CacheIndexKind, GatewayConfig, LogLevel, PairingMode, PolicyName,
+    AssignmentMode, CacheIndexKind, DiscoveryProvider, GatewayConfig, LogLevel, PairingMode,
+    PolicyName,
 };
 pub use launch::{
     normalize_launch_argv, Disposition, LaunchArgs, SmgOnlyFlags, StartupWorkerArg, SMG_ONLY_FLAGS,

@@ -6,7 +6,7 @@
 use super::LoadedConfig;
 
 /// The settings that differ between `old` and `new` but cannot take effect without a restart
-/// (listener addresses, tracing and any Pingora top-level key), as YAML key paths. Empty: the reload can
+/// (listener addresses, tracing, service discovery and any Pingora top-level key), as YAML key paths. Empty: the reload can
 /// be applied in place.
 pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
     let (a, b) = (&old.gateway, &new.gateway);
@@ -29,6 +29,33 @@ pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
         (
             "otlp_traces_endpoint",
             a.otlp_traces_endpoint != b.otlp_traces_endpoint,
+        ),
+        // The discovery watch is started once, with the settings it started with.
+        (
+            "service_discovery",
+            a.service_discovery != b.service_discovery,
+        ),
+        (
+            "discovery_provider",
+            a.discovery_provider != b.discovery_provider,
+        ),
+        ("prefill_selector", a.prefill_selector != b.prefill_selector),
+        ("decode_selector", a.decode_selector != b.decode_selector),
+        (
+            "service_discovery_port",
+            a.service_discovery_port != b.service_discovery_port,
+        ),
+        (
+            "service_discovery_namespace",
+            a.service_discovery_namespace != b.service_discovery_namespace,
+        ),
+        (
+            "kv_connector_annotation",
+            a.kv_connector_annotation != b.kv_connector_annotation,
+        ),
+        (
+            "kv_engine_id_annotation",
+            a.kv_engine_id_annotation != b.kv_engine_id_annotation,
         ),
     ];
     keys.extend(

@@ -357,7 +357,16 @@ const EVERY_KEY: &str = "
   log_json: true
   enable_trace: true
   otlp_traces_endpoint: 'collector:4317'
-  workers_file: /etc/pdgate/workers.yaml";
+  workers_file: /etc/pdgate/workers.yaml
+  service_discovery: true
+  discovery_provider: kubernetes
+  selector: [app=x]
+  prefill_selector: [app=sglang, role=prefill]
+  decode_selector: [app=sglang, role=decode]
+  service_discovery_port: 8000
+  service_discovery_namespace: inference
+  kv_connector_annotation: example.com/kv-connector
+  kv_engine_id_annotation: example.com/kv-engine-id";
 
 /// The argv that sets what `cfg` sets, built from its serialized form and clap's own view of
 /// each flag (switch or value, delimiter).
@@ -703,17 +712,18 @@ fn launch_without_pd_disaggregation_is_refused() {
 fn unsupported_smg_features_are_refused_with_the_reason() {
     let err = launch_error(&[
         "--pd-disaggregation",
-        "--service-discovery",
-        "--prefill-selector",
-        "app=p",
+        "--encode-selector",
+        "app=e",
+        "--router-selector",
+        "app=r",
         "--enable-igw",
     ]);
     assert!(
-        err.contains("--service-discovery (Kubernetes service discovery is not supported"),
+        err.contains("--encode-selector (EPD (encode workers) is not supported"),
         "{err}"
     );
     assert!(
-        err.contains("--prefill-selector") && err.contains("--enable-igw"),
+        err.contains("--router-selector") && err.contains("--enable-igw"),
         "{err}"
     );
     let epd = launch_error(&["--epd-disaggregation", "--encode", "grpc://e:1", "8995"]);
@@ -1165,11 +1175,11 @@ fn unknown_gateway_keys_are_clear_errors() {
         typo.starts_with("gateway.polcy: unknown key; did you mean `policy`?"),
         "{typo}"
     );
-    let smg = yaml("  service_discovery: true").expect_err("SMG-only");
+    let smg = yaml("  enable_igw: true").expect_err("SMG-only");
     assert_eq!(smg.kind(), ConfigErrorKind::Unsupported);
     assert!(
         smg.to_string()
-            .contains("is SMG's --service-discovery, which pdgate does not support"),
+            .contains("is SMG's --enable-igw, which pdgate does not support"),
         "{smg}"
     );
     let ignored = yaml_error("  job_queue_capacity: 10");
@@ -1659,5 +1669,116 @@ fn docs_defaults_table_is_current() {
                 "docs/configuration.md's defaults table is stale; rerun with PDGATE_BLESS_DOCS=1"
             );
         }
+    }
+}
+
+#[test]
+fn kubernetes_discovery_flags_take_smg_spelling_and_defaults() {
+    let loaded = launch(&[
+        "--pd-disaggregation",
+        "--service-discovery",
+        "--prefill-selector",
+        "app=sglang",
+        "role=prefill",
+        "--decode-selector",
+        "app=sglang",
+        "role=decode",
+        "--service-discovery-namespace",
+        "inference",
+        "--service-discovery-port",
+        "8000",
+    ])
+    .expect("valid discovery flags");
+    let g = &loaded.gateway;
+    assert_eq!(g.discovery(), Some(DiscoveryProvider::Kubernetes));
+    assert_eq!(g.prefill_selector, ["app=sglang", "role=prefill"]);
+    assert_eq!(g.service_discovery_namespace.as_deref(), Some("inference"));
+    assert_eq!(g.service_discovery_port, 8000);
+    assert_eq!(g.kv_connector_annotation, "smg.ai/kv-connector");
+    assert_eq!(g.kv_engine_id_annotation, "smg.ai/kv-engine-id");
+    let modern = launch(&[
+        "--pd-disaggregation",
+        "--discovery-provider",
+        "kubernetes",
+        "--prefill-selector",
+        "role=p",
+        "--decode-selector",
+        "role=d",
+    ])
+    .expect("--discovery-provider kubernetes");
+    assert_eq!(
+        modern.gateway.discovery(),
+        Some(DiscoveryProvider::Kubernetes)
+    );
+    assert_eq!(modern.gateway.service_discovery_port, 80);
+    assert_eq!(GatewayConfig::default().discovery(), None);
+}
+
+#[test]
+fn kubernetes_discovery_settings_are_checked_with_clear_errors() {
+    let base = ["--pd-disaggregation", "--service-discovery"];
+    let with = |extra: &[&str]| {
+        let argv: Vec<&str> = base.iter().chain(extra).copied().collect();
+        launch_error(&argv)
+    };
+    let no_decode = with(&["--prefill-selector", "role=p"]);
+    assert!(
+        no_decode.contains("--decode-selector")
+            && no_decode.contains("needs prefill_selector and decode_selector"),
+        "{no_decode}"
+    );
+    let bad = with(&["--prefill-selector", "role", "--decode-selector", "role=d"]);
+    assert!(bad.contains("`role` is not `key=value`"), "{bad}");
+    let same = with(&["--prefill-selector", "a=b", "--decode-selector", "a=b"]);
+    assert!(same.contains("is the prefill_selector"), "{same}");
+    let regular = with(&[
+        "--selector",
+        "app=x",
+        "--prefill-selector",
+        "a=p",
+        "--decode-selector",
+        "a=d",
+    ]);
+    assert!(
+        regular.contains("--selector") && regular.contains("regular"),
+        "{regular}"
+    );
+    let both = launch_error(&[
+        "--pd-disaggregation",
+        "--service-discovery",
+        "--discovery-provider",
+        "kubernetes",
+        "--prefill-selector",
+        "a=p",
+        "--decode-selector",
+        "a=d",
+    ]);
+    assert!(both.contains("not both"), "{both}");
+    let orphan = launch_error(&["--pd-disaggregation", "--prefill-selector", "a=p"]);
+    assert!(orphan.contains("without service discovery"), "{orphan}");
+    let epd = launch_error(&[
+        "--pd-disaggregation",
+        "--service-discovery",
+        "--encode-selector",
+        "a=e",
+    ]);
+    assert!(epd.contains("--encode-selector"), "{epd}");
+    let from_yaml = yaml_error("  discovery_provider: kubernetes\n  prefill_selector: [role=p]");
+    assert!(from_yaml.contains("gateway.decode_selector"), "{from_yaml}");
+}
+
+#[test]
+fn discovery_settings_need_a_restart() {
+    let old = yaml("").expect("defaults");
+    let new =
+        yaml("  service_discovery: true\n  prefill_selector: [a=p]\n  decode_selector: [a=d]")
+            .expect("discovery");
+    let keys = restart_required(&old, &new);
+    for key in [
+        "gateway.service_discovery",
+        "gateway.prefill_selector",
+        "gateway.decode_selector",
+    ] {
+        assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
     }
 }

@@ -39,6 +39,7 @@ pub(crate) fn validate_with_file_workers(
     }
     validate_listeners(cfg)?;
     validate_ranges(cfg)?;
+    super::discovery::validate_discovery(cfg)?;
     if let Some(Err(why)) = cfg.otlp_endpoint() {
         return Err(ConfigError::invalid_key("otlp_traces_endpoint", why));
     }

@@ -190,12 +190,13 @@ fn split_dp_suffix(url: &str) -> (&str, Option<u32>) {
     (url, None)
 }
 
-/// Where a registration came from: the config file (a reload may change or remove it) or the
-/// worker API (a reload leaves it alone).
+/// Where a registration came from: the config file (a reload may change or remove it), the
+/// worker API or service discovery (a reload leaves both alone; discovery retires its own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
     Config,
     Api,
+    Discovery,
 }
 
 /// What every new worker starts from; a spec's own overrides apply on top.

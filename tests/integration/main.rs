@@ -12,6 +12,7 @@ mod handoff_health;
 mod harness;
 mod hostile;
 mod http_admission;
+mod kubernetes;
 mod lifecycle;
 mod moriio;
 mod observability;

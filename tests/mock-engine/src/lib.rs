@@ -29,6 +29,7 @@ mod engine;
 pub mod fake_model;
 mod grpc;
 mod job;
+pub mod kube_api;
 pub mod otlp;
 pub mod output;
 pub mod records;
