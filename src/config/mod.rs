@@ -34,7 +34,6 @@ use pingora::server::configuration::ServerConf;
 pub use discovery::label_selector;
 pub use error::{ConfigError, ConfigErrorKind};
 pub use file::{load_file, load_workers_file, parse_yaml};
-pub use manifest::parse_manifest;
 pub use gateway::{
     AssignmentMode, CacheIndexKind, DiscoveryProvider, GatewayConfig, LogLevel, PairingMode,
     PolicyName,
@@ -42,6 +41,7 @@ pub use gateway::{
 pub use launch::{
     normalize_launch_argv, Disposition, LaunchArgs, SmgOnlyFlags, StartupWorkerArg, SMG_ONLY_FLAGS,
 };
+pub use manifest::parse_manifest;
 pub use net::IpNet;
 pub use otlp::{OtlpEndpoint, OtlpProtocol};
 pub use reload::restart_required;

@@ -4,6 +4,7 @@
 mod admission;
 mod chaos;
 mod cli;
+mod deploy;
 mod engine_wire;
 mod fanout;
 mod grpc_pd;
