@@ -124,6 +124,11 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
                 KubernetesDiscovery::from_config(gw.clone(), &cfg).map_err(BuildError)?;
             server.add_service(background_service("kubernetes discovery", discovery));
         }
+        Some(DiscoveryProvider::File) => {
+            let discovery = crate::discovery::file::FileDiscovery::from_config(gw.clone(), &cfg)
+                .map_err(BuildError)?;
+            server.add_service(background_service("file discovery", discovery));
+        }
         None => {}
     }
     server.add_service(background_service("config reload", ReloadOnHangup { gw }));

@@ -156,6 +156,8 @@ pub const LINK_FAILURE_RATIO: f64 = 0.5;
 pub const LINK_COOLDOWN_SECS: u64 = 30;
 /// pdgate: good handoffs in a row that close a half-open link.
 pub const LINK_PROBE_SUCCESSES: u32 = 3;
+/// SMG: `--discovery-check-interval-secs` when unset: full re-reads of the discovery manifest.
+pub const DISCOVERY_CHECK_INTERVAL_SECS: u64 = 30;
 /// pdgate: the sliding window of the P:D capacity advice, seconds.
 pub const CAPACITY_WINDOW_SECS: u64 = 60;
 /// pdgate: seconds between two rounds of link canaries (one tiny PD request per link); 0 = off.

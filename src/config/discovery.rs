@@ -68,27 +68,65 @@ pub(crate) fn validate_discovery(cfg: &GatewayConfig) -> Result<(), ConfigError>
              prefill and decode pods with prefill_selector and decode_selector",
         ));
     }
+    let kubernetes_keys = [
+        ("prefill_selector", !cfg.prefill_selector.is_empty()),
+        ("decode_selector", !cfg.decode_selector.is_empty()),
+        (
+            "service_discovery_namespace",
+            cfg.service_discovery_namespace.is_some(),
+        ),
+    ];
+    let file_keys = [
+        ("discovery_file", cfg.discovery_file.is_some()),
+        (
+            "discovery_check_interval_secs",
+            cfg.discovery_check_interval_secs.is_some(),
+        ),
+    ];
     let Some(provider) = cfg.discovery() else {
-        for (key, given) in [
-            ("prefill_selector", !cfg.prefill_selector.is_empty()),
-            ("decode_selector", !cfg.decode_selector.is_empty()),
-            (
-                "service_discovery_namespace",
-                cfg.service_discovery_namespace.is_some(),
-            ),
-        ] {
+        for (key, given) in kubernetes_keys.into_iter().chain(file_keys) {
             if given {
                 return Err(ConfigError::invalid_key(
                     key,
                     "has no effect without service discovery: set service_discovery: true (or \
-                     discovery_provider: kubernetes)",
+                     discovery_provider: kubernetes | file)",
                 ));
             }
         }
         return Ok(());
     };
     match provider {
+        DiscoveryProvider::File => {
+            if cfg.discovery_file.is_none() {
+                return Err(ConfigError::invalid_key(
+                    "discovery_file",
+                    "is required with discovery_provider: file (the JSON manifest of the workers)",
+                ));
+            }
+            if cfg.discovery_check_interval_secs == Some(0) {
+                return Err(ConfigError::invalid_key(
+                    "discovery_check_interval_secs",
+                    "must be at least 1 (unset: 30)",
+                ));
+            }
+            for (key, given) in kubernetes_keys {
+                if given {
+                    return Err(ConfigError::invalid_key(
+                        key,
+                        "is for Kubernetes discovery; the file provider's workers are its manifest's",
+                    ));
+                }
+            }
+        }
         DiscoveryProvider::Kubernetes => {
+            for (key, given) in file_keys {
+                if given {
+                    return Err(ConfigError::invalid_key(
+                        key,
+                        "is for discovery_provider: file",
+                    ));
+                }
+            }
             for (key, words) in [
                 ("prefill_selector", &cfg.prefill_selector),
                 ("decode_selector", &cfg.decode_selector),
@@ -140,6 +178,30 @@ pub(crate) fn validate_discovery(cfg: &GatewayConfig) -> Result<(), ConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_file_provider_needs_its_file_and_refuses_kubernetes_keys() {
+        let mut cfg = GatewayConfig {
+            pd_disaggregation: true,
+            discovery_provider: Some(DiscoveryProvider::File),
+            ..GatewayConfig::default()
+        };
+        let err = validate_discovery(&cfg).unwrap_err().to_string();
+        assert!(err.contains("discovery_file"), "{err}");
+        cfg.discovery_file = Some("/etc/pdgate/workers.json".into());
+        validate_discovery(&cfg).expect("file + discovery_file");
+        cfg.prefill_selector = vec!["app=x".into()];
+        let err = validate_discovery(&cfg).unwrap_err().to_string();
+        assert!(err.contains("prefill_selector"), "{err}");
+        cfg.prefill_selector.clear();
+        cfg.discovery_check_interval_secs = Some(0);
+        assert!(validate_discovery(&cfg).is_err());
+        // The file keys mean nothing to Kubernetes discovery, or without discovery.
+        cfg.discovery_check_interval_secs = None;
+        cfg.discovery_provider = None;
+        let err = validate_discovery(&cfg).unwrap_err().to_string();
+        assert!(err.contains("discovery_file"), "{err}");
+    }
 
     fn words(s: &[&str]) -> Vec<String> {
         s.iter().map(|w| w.to_string()).collect()

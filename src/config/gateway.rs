@@ -53,12 +53,15 @@ impl PairingMode {
 pub enum DiscoveryProvider {
     /// Pods of the Kubernetes API server (in-cluster credentials or `KUBECONFIG`).
     Kubernetes,
+    /// A JSON manifest listing the workers (`discovery_file`), re-read when it changes.
+    File,
 }
 
 impl DiscoveryProvider {
     pub fn as_str(self) -> &'static str {
         match self {
             DiscoveryProvider::Kubernetes => "kubernetes",
+            DiscoveryProvider::File => "file",
         }
     }
 }
@@ -535,6 +538,16 @@ pub struct GatewayConfig {
     /// with prefill_selector and decode_selector.
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE", help_heading = "Service Discovery")]
     pub selector: Vec<String>,
+
+    /// The JSON manifest of `discovery_provider: file` (SMG's format, version 1); it may be
+    /// created after startup.
+    #[arg(long, help_heading = "Service Discovery")]
+    pub discovery_file: Option<PathBuf>,
+
+    /// Seconds between full re-reads of discovery_file (it is also re-read as soon as it
+    /// changes); unset: 30.
+    #[arg(long, help_heading = "Service Discovery")]
+    pub discovery_check_interval_secs: Option<u64>,
 
     /// Labels a prefill pod carries (`key=value`, all must match).
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE", help_heading = "Service Discovery")]

@@ -57,6 +57,11 @@ pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
             "kv_engine_id_annotation",
             a.kv_engine_id_annotation != b.kv_engine_id_annotation,
         ),
+        ("discovery_file", a.discovery_file != b.discovery_file),
+        (
+            "discovery_check_interval_secs",
+            a.discovery_check_interval_secs != b.discovery_check_interval_secs,
+        ),
     ];
     keys.extend(
         listeners

@@ -360,6 +360,8 @@ const EVERY_KEY: &str = "
   workers_file: /etc/pdgate/workers.yaml
   service_discovery: true
   discovery_provider: kubernetes
+  discovery_file: /etc/pdgate/discovery.json
+  discovery_check_interval_secs: 7
   selector: [app=x]
   prefill_selector: [app=sglang, role=prefill]
   decode_selector: [app=sglang, role=decode]

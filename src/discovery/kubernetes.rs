@@ -11,7 +11,7 @@
 //! cannot be reached are logged and retried with backoff (up to a minute and 30 s apart). A broken watch is resumed and, on `410 Gone`, relisted; the reflector swaps in the new
 //! list only once it is complete, so healthy workers stay registered meanwhile.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,11 +26,9 @@ use pingora::services::background::BackgroundService;
 use rand::Rng;
 
 use super::pods::{pod_name, worker_spec, PodReading};
+use super::registered::Registered;
 use crate::config::{label_selector, GatewayConfig, WorkerSpec, WorkerType};
 use crate::gateway::Gateway;
-use crate::workers::intake;
-use crate::workers::worker::{Origin, WorkerDefaults};
-use crate::workers::{Worker, WorkerAddress};
 
 /// How often a watch checks, without an event, whether it must reconcile: a pod whose URL was
 /// still held by a draining worker (it came back on the same IP), or a worker of a serving pod
@@ -163,7 +161,7 @@ async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
     let events = watcher(api, config).reflect(writer);
     let mut backoff = WatchBackoff::default();
     let mut events = std::pin::pin!(events);
-    let mut held = Held::default();
+    let mut held = Registered::default();
     let mut tick = tokio::time::interval(RECONCILE_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let role = watch.role.as_str();
@@ -195,11 +193,11 @@ async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
                     match event {
                         watcher::Event::InitDone => {
                             synced = true;
-                            held.reconcile(&gw, &store, &watch);
+                            held.reconcile(&gw, wanted(&store, &watch), watch.role.as_str());
                             gw.discovery.synced(watch.role, held.len());
                         }
                         watcher::Event::Apply(_) | watcher::Event::Delete(_) if synced => {
-                            held.reconcile(&gw, &store, &watch);
+                            held.reconcile(&gw, wanted(&store, &watch), watch.role.as_str());
                             gw.discovery.synced(watch.role, held.len());
                         }
                         // A (re)list in progress: the store swaps it in at InitDone.
@@ -229,7 +227,7 @@ async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
             },
             _ = tick.tick(), if synced => {
                 if held.needs_pass(&gw) {
-                    held.reconcile(&gw, &store, &watch);
+                    held.reconcile(&gw, wanted(&store, &watch), watch.role.as_str());
                     gw.discovery.synced(watch.role, held.len());
                 }
             }
@@ -237,153 +235,18 @@ async fn watch_role(gw: Arc<Gateway>, client: Client, watch: RoleWatch) {
     }
 }
 
-/// The workers one role's watch registered, by pod UID.
-#[derive(Default)]
-struct Held {
-    workers: HashMap<String, HeldWorker>,
-    /// A serving pod is not registered yet (its URL is taken): reconcile again on the tick.
-    waiting: bool,
-}
-
-struct HeldWorker {
-    id: String,
-    spec: WorkerSpec,
-    pod: String,
-}
-
-impl Held {
-    fn len(&self) -> usize {
-        self.workers.len()
-    }
-
-    /// Whether a reconcile would change something the pods did not: a pod waits for its URL, or
-    /// a held worker is no longer registered.
-    fn needs_pass(&self, gw: &Gateway) -> bool {
-        if self.waiting {
-            return true;
-        }
-        let snap = gw.registry.snapshot();
-        let live: HashSet<&str> = snap.all.iter().map(|w| w.id.as_str()).collect();
-        self.workers.values().any(|h| !live.contains(h.id.as_str()))
-    }
-
-    /// Makes the registered workers match the store's serving pods: admits new ones, retires
-    /// those whose pod left, stopped serving or moved, updates those whose annotations changed.
-    fn reconcile(&mut self, gw: &Arc<Gateway>, store: &Store<Pod>, watch: &RoleWatch) {
-        // Workers removed behind the watch's back are forgotten, so their pods register again.
-        let snap = gw.registry.snapshot();
-        self.workers
-            .retain(|_, held| snap.by_id(&held.id).is_some());
-        let mut wanted: HashMap<String, (WorkerSpec, String)> = HashMap::new();
-        for pod in store.state() {
-            let Some(uid) = pod.metadata.uid.clone() else {
-                continue;
-            };
-            if let Some(spec) = worker_spec(&pod, watch.role, &watch.reading) {
-                wanted.insert(uid, (spec, pod_name(&pod)));
-            }
-        }
-        // Same pod and URL, new annotations: the registration changes in place, as a
-        // `PUT /workers/{id}` does (no drain, health and load kept).
-        let defaults = gw.settings().worker_defaults.clone();
-        for (uid, held) in self.workers.iter_mut() {
-            let Some((spec, pod)) = wanted.get(uid) else {
-                continue;
-            };
-            if spec.url != held.spec.url || *spec == held.spec {
-                continue;
-            }
-            let Some(current) = snap.by_id(&held.id).cloned() else {
-                continue;
-            };
-            match same_worker_with(&current, spec.clone(), &defaults) {
-                Ok(worker) => {
-                    log::info!("discovery: pod {pod}: worker {} updated", spec.url);
-                    gw.swap(&current, worker);
-                    held.spec = spec.clone();
-                }
-                Err(e) => log::warn!("discovery: pod {pod}: {e}"),
-            }
-        }
-        // Leaving (or moved to another IP): retire first, so a new registration may take the
-        // URL later.
-        let gone: Vec<String> = self
-            .workers
-            .iter()
-            .filter(|(uid, held)| wanted.get(*uid).is_none_or(|(spec, _)| *spec != held.spec))
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        for uid in gone {
-            if let Some(held) = self.workers.remove(&uid) {
-                if let Some(worker) = gw.registry.snapshot().by_id(&held.id).cloned() {
-                    log::info!(
-                        "discovery: pod {} left or stopped serving; draining worker {}",
-                        held.pod,
-                        held.spec.url
-                    );
-                    gw.retire(worker);
-                }
-            }
-        }
-        self.waiting = false;
-        for (uid, (spec, pod)) in wanted {
-            if self.workers.contains_key(&uid) {
-                continue;
-            }
-            let snap = gw.registry.snapshot();
-            if let Some(existing) = snap.by_url(&spec.url) {
-                if existing.origin == Origin::Discovery
-                    && existing.status() == crate::workers::Status::Draining
-                {
-                    // The same IP came back while its old worker drains: try again later.
-                    self.waiting = true;
-                } else {
-                    log::warn!(
-                        "discovery: pod {pod}: {} is already registered (as {}); the pod is not added",
-                        spec.url,
-                        existing.id
-                    );
-                }
-                continue;
-            }
-            let worker = match intake::startup_worker(&spec, &defaults, Origin::Discovery) {
-                Ok(w) => w,
-                Err(e) => {
-                    log::warn!("discovery: pod {pod}: {e}");
-                    continue;
-                }
-            };
-            let id = worker.id.clone();
-            if gw.admit(worker) {
-                log::info!(
-                    "discovery: pod {pod} registered as {} worker {} ({id})",
-                    watch.role.as_str(),
-                    spec.url
-                );
-                self.workers.insert(uid, HeldWorker { id, spec, pod });
-            } else {
-                self.waiting = true;
-            }
+/// The serving pods of `store` as wanted registrations, by pod UID.
+fn wanted(store: &Store<Pod>, watch: &RoleWatch) -> HashMap<String, (WorkerSpec, String)> {
+    let mut wanted = HashMap::new();
+    for pod in store.state() {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            continue;
+        };
+        if let Some(spec) = worker_spec(&pod, watch.role, &watch.reading) {
+            wanted.insert(uid, (spec, pod_name(&pod)));
         }
     }
-}
-
-/// `current`'s registration with a new spec for the same URL (same id).
-fn same_worker_with(
-    current: &Worker,
-    spec: WorkerSpec,
-    defaults: &WorkerDefaults,
-) -> Result<Arc<Worker>, String> {
-    let address = WorkerAddress::parse(&spec.url)?;
-    let addr = intake::resolve(&address)?;
-    Ok(Worker::new(
-        current.id.clone(),
-        spec,
-        address,
-        addr,
-        defaults,
-        Origin::Discovery,
-    ))
+    wanted
 }
 
 #[cfg(test)]

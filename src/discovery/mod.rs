@@ -7,8 +7,10 @@
 //!
 //! [`Origin::Discovery`]: crate::workers::worker::Origin::Discovery
 
+pub mod file;
 pub mod kubernetes;
 mod pods;
+mod registered;
 
 use std::sync::Mutex;
 

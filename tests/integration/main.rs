@@ -7,6 +7,7 @@ mod cli;
 mod deploy;
 mod engine_wire;
 mod fanout;
+mod file_discovery;
 mod grpc_pd;
 mod grpc_workers;
 mod handoff_health;
