@@ -441,3 +441,74 @@ async fn with_the_api_server_down_at_startup_workers_appear_once_it_is_up() {
     let r = gw.post("/generate", &generate(2, false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_come_and_go_under_load_without_a_failed_request() {
+    let api = FakeKubeApi::start().await.expect("fake API server");
+    let port = free_port();
+    let p = engine(Role::Prefill, [127, 0, 88, 1], port, |_| {}).await;
+    let a = engine(Role::Decode, [127, 0, 88, 2], port, |c| c.itl_ms = 5).await;
+    let b = engine(Role::Decode, [127, 0, 88, 3], port, |c| c.itl_ms = 5).await;
+    api.apply(prefill_pod("prefill-0", &p));
+    api.apply(decode_pod("decode-a", &a));
+    api.apply(decode_pod("decode-b", &b));
+    let gw = gateway(&api.url(), port, "").await;
+    let (a_url, b_url) = (url_of(&a, port), url_of(&b, port));
+    workers_when(&gw, Duration::from_secs(20), |w| {
+        [&a_url, &b_url]
+            .iter()
+            .all(|u| find(w, u).is_some_and(|w| w["status"] == "ready"))
+    })
+    .await;
+
+    // Four clients keep requests in flight the whole time.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, stop) = (gw.url("/generate"), stop.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0u32, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match mock_engine::client::post_json(&url, &generate(8, false)).await {
+                        Ok(r) if r.status == 200 => ok += 1,
+                        Ok(r) => failed.push(format!("{} {}", r.status, r.text())),
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+
+    // a goes (gracefully) and comes back; then b goes. One decode is always serving.
+    assert!(api.delete(NS, "decode-a"));
+    workers_when(&gw, Duration::from_secs(20), |w| find(w, &a_url).is_none()).await;
+    api.apply(decode_pod("decode-a-2", &a));
+    workers_when(&gw, Duration::from_secs(20), |w| {
+        find(w, &a_url).is_some_and(|w| w["status"] == "ready")
+    })
+    .await;
+    let a_before = a.records().len();
+    assert!(api.delete(NS, "decode-b"));
+    workers_when(&gw, Duration::from_secs(20), |w| find(w, &b_url).is_none()).await;
+    let end = Instant::now() + Duration::from_secs(20);
+    while a.records().len() < a_before + 8 {
+        assert!(Instant::now() < end, "the load did not move to decode a");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, Vec::new());
+    for c in clients {
+        let (o, f) = c.await.unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        ok as usize + failed.len()
+    );
+    assert!(ok > 20, "too little load to mean anything: {ok}");
+    assert!(!b.records().is_empty());
+}

@@ -560,9 +560,9 @@ fn configmap_write(dir: &Path, version: u32, workers: &[Value]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configmap_update_of_the_workers_file_is_applied_without_a_signal() {
     let spawn = |role, ip| MockEngine::spawn(MockEngineConfig::test(EngineKind::Sglang, role, ip));
-    let p = spawn(Role::Prefill, [127, 0, 81, 1]).await.unwrap();
-    let d1 = spawn(Role::Decode, [127, 0, 81, 2]).await.unwrap();
-    let d2 = spawn(Role::Decode, [127, 0, 81, 3]).await.unwrap();
+    let p = spawn(Role::Prefill, [127, 0, 87, 1]).await.unwrap();
+    let d1 = spawn(Role::Decode, [127, 0, 87, 2]).await.unwrap();
+    let d2 = spawn(Role::Decode, [127, 0, 87, 3]).await.unwrap();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("configmap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
