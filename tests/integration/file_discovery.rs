@@ -133,3 +133,54 @@ async fn a_manifest_written_after_startup_is_applied_as_it_changes() {
     assert_eq!(d1.records().len(), 1, "the drained decode got nothing new");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_manifest_workers() {
+    let spawn = |role, ip| MockEngine::spawn(MockEngineConfig::test(EngineKind::Sglang, role, ip));
+    let p = spawn(Role::Prefill, [127, 0, 86, 4]).await.unwrap();
+    let d = spawn(Role::Decode, [127, 0, 86, 5]).await.unwrap();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("file-discovery-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifest = dir.join("workers.json");
+    write_manifest(
+        &manifest,
+        &json!({"version": 1, "workers": [entry(&p, "prefill"), entry(&d, "decode")]}).to_string(),
+    );
+    let extra = format!(
+        "  discovery_provider: file\n  discovery_file: {}\n",
+        manifest.display()
+    );
+    let mut gw = Gateway::start(&[], &extra).await;
+    gw.wait_ready().await;
+    let before = gw.get("/workers").await.json();
+    gw.signal("HUP");
+    let m = gw
+        .metrics_when(|m| {
+            crate::harness::metric_value(m, "pdgate_config_reloads_total", &[("result", "ok")])
+                == Some(1.0)
+        })
+        .await;
+    assert_eq!(
+        crate::harness::metric_value(&m, "pdgate_config_reloads_total", &[("result", "ok")]),
+        Some(1.0),
+        "{m}"
+    );
+    let after = gw.get("/workers").await.json();
+    let ids = |w: &Value| -> Vec<String> {
+        w["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        ids(&before),
+        ids(&after),
+        "a reload touched the manifest's workers"
+    );
+    assert_eq!(urls(&after).len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
