@@ -222,7 +222,10 @@ impl Limiter {
             }
             place
         };
+        // Biased, client first: a place that frees as its client leaves goes to the next one.
         tokio::select! {
+            biased;
+            _ = client_gone => Err(Refusal::ClientGone),
             waited = tokio::time::timeout(self.limits.queue_timeout, wait) => match waited {
                 Ok(place) => {
                     METRICS
@@ -232,7 +235,6 @@ impl Limiter {
                 }
                 Err(_) => Err(Refusal::Timeout),
             },
-            _ = client_gone => Err(Refusal::ClientGone),
         }
     }
 }

@@ -99,7 +99,11 @@ pub async fn admit(
         }
     }
     let _waiting = Waiting(&window.waiting);
+    // Biased, client first: a waiter whose slot frees as its client leaves must not dispatch
+    // a request nobody waits for.
     tokio::select! {
+        biased;
+        _ = client_gone => Err(NotAdmitted::ClientGone),
         slots = acquire => match slots {
             Ok(slots) => {
                 METRICS.pd_admission_waits.inc();
@@ -112,7 +116,6 @@ pub async fn admit(
             METRICS.pd_admission_sheds.inc();
             Err(NotAdmitted::Shed)
         }
-        _ = client_gone => Err(NotAdmitted::ClientGone),
     }
 }
 
