@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use mock_engine::{EngineKind, Fault, GrpcCode, MockEngine, MockEngineConfig, Role};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::grpc_pd::{model_dir, vocab};
-use crate::harness::{metric_value, Gateway};
+use crate::harness::Gateway;
+use crate::http_admission::{chat, counter, occupy};
 
 /// An SGLang gRPC pair whose decode runs `window` requests at once, emitting a token every
 /// `itl_ms`.
@@ -37,26 +38,6 @@ async fn gateway(p: &MockEngine, d: &MockEngine, wait_secs: u64) -> Gateway {
     let mut gw = Gateway::start(&[p.worker_spec(), d.worker_spec()], &extra).await;
     gw.wait_ready().await;
     gw
-}
-
-fn chat(max_tokens: u32, stream: bool) -> Value {
-    json!({"model": "mock-model", "max_tokens": max_tokens, "stream": stream, "ignore_eos": true,
-        "messages": [{"role": "user", "content": "Tell me a long story."}]})
-}
-
-async fn counter(gw: &Gateway, name: &str) -> f64 {
-    metric_value(&gw.metrics().await, name, &[]).unwrap_or(0.0)
-}
-
-/// Holds the decode's only slot: a long streamed answer, read up to its first chunk.
-async fn occupy(gw: &Gateway) -> mock_engine::client::StreamingResponse {
-    let mut s = gw.stream("/v1/chat/completions", &chat(5000, true)).await;
-    assert_eq!(s.status, 200);
-    s.next_chunk()
-        .await
-        .expect("a first chunk")
-        .expect("readable");
-    s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,19 +169,15 @@ async fn a_client_leaving_while_waiting_claims_nothing() {
     let (p, d) = pair(([127, 0, 40, 7], [127, 0, 40, 8]), 1, 20).await;
     let gw = gateway(&p, &d, 30).await;
     let held = occupy(&gw).await;
-    let opts = mock_engine::client::ClientOptions {
-        source_ip: None,
-        timeout: Some(Duration::from_millis(300)),
-    };
-    let left = mock_engine::client::request_with(
-        &opts,
-        "POST",
-        &gw.url("/v1/chat/completions"),
-        &[("content-type", "application/json")],
-        Some(bytes::Bytes::from(chat(2, false).to_string())),
-    )
-    .await;
+    let left = gw
+        .post_and_give_up(
+            "/v1/chat/completions",
+            &chat(2, false),
+            Duration::from_millis(300),
+        )
+        .await;
     assert!(left.is_err(), "the client gave up while waiting");
+    gw.saw_a_client_leave().await;
     drop(held);
     // Had the leaving request claimed the slot, this one would wait forever (30 s).
     let r = gw.post("/v1/chat/completions", &chat(2, false)).await;

@@ -309,6 +309,22 @@ impl Gateway {
         .await
     }
 
+    /// Waits until an access line says a client left (`client_gone=true`): the gateway has seen
+    /// it go, and ended that request.
+    pub async fn saw_a_client_leave(&self) {
+        let seen = mock_engine::wait_until(Duration::from_secs(10), || {
+            self.log()
+                .lines()
+                .any(|l| l.contains("pdgate::access") && l.contains("client_gone=true"))
+        })
+        .await;
+        assert!(
+            seen,
+            "the gateway never saw the client leave\n{}",
+            self.log()
+        );
+    }
+
     /// Opens a streaming request (the connection closes when the result is dropped).
     pub async fn stream(&self, path: &str, body: &Value) -> client::StreamingResponse {
         client::stream(

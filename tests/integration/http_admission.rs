@@ -194,19 +194,9 @@ async fn an_http_client_leaving_while_waiting_claims_nothing() {
         )
         .await;
     assert!(left.is_err(), "the client gave up while waiting");
-    // The gateway must have seen it leave before the slot frees: a waiter that sees both at
-    // once may take either (its access line is written when it ends).
-    let noticed = mock_engine::wait_until(Duration::from_secs(10), || {
-        gw.log()
-            .lines()
-            .any(|l| l.contains("pdgate::access") && l.contains("client_gone=true"))
-    })
-    .await;
-    assert!(
-        noticed,
-        "the gateway never saw the client leave\n{}",
-        gw.log()
-    );
+    // The slot frees only once the gateway saw the client go (its access line is written when
+    // the request ends), so the test does not depend on which it notices first.
+    gw.saw_a_client_leave().await;
     drop(held);
     // Had the leaving request claimed the slot, this one would wait 30 s.
     let r = gw.post("/v1/chat/completions", &chat(2, false)).await;
