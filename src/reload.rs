@@ -218,15 +218,6 @@ pub struct ReloadOnChange {
     pub gw: Arc<Gateway>,
 }
 
-/// What identifies one version of a file (`None`: absent or unreadable).
-type Stamp = Option<(std::time::SystemTime, u64, u64)>;
-
-fn stamp(path: &std::path::Path) -> Stamp {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len(), m.ino()))
-}
-
 /// The files a reload reads: the config file and its `workers_file` (resolved as the loader
 /// does, against the config file's folder).
 fn watched(gw: &Gateway) -> Vec<std::path::PathBuf> {
@@ -246,7 +237,10 @@ fn watched(gw: &Gateway) -> Vec<std::path::PathBuf> {
 #[async_trait]
 impl BackgroundService for ReloadOnChange {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut last: Vec<Stamp> = watched(&self.gw).iter().map(|p| stamp(p)).collect();
+        let mut last: Vec<config::FileVersion> = watched(&self.gw)
+            .iter()
+            .map(|p| config::file_version(p))
+            .collect();
         loop {
             let every = self.gw.config().config_watch_interval_secs;
             // Off (0): look again later, a reload may turn it on.
@@ -256,7 +250,8 @@ impl BackgroundService for ReloadOnChange {
                 _ = tokio::time::sleep(wait) => {}
             }
             let files = watched(&self.gw);
-            let now: Vec<Stamp> = files.iter().map(|p| stamp(p)).collect();
+            let now: Vec<config::FileVersion> =
+                files.iter().map(|p| config::file_version(p)).collect();
             if every == 0 || now == last {
                 last = now;
                 continue;
@@ -264,7 +259,10 @@ impl BackgroundService for ReloadOnChange {
             log::info!("config file changed: reloading");
             let _ = reload(&self.gw).await;
             // The reload may have named another workers_file: stamp what it reads now.
-            last = watched(&self.gw).iter().map(|p| stamp(p)).collect();
+            last = watched(&self.gw)
+                .iter()
+                .map(|p| config::file_version(p))
+                .collect();
         }
     }
 }

@@ -23,6 +23,17 @@ struct GatewaySection {
     gateway: Option<GatewayConfig>,
 }
 
+/// One version of a file as a watcher compares them: size, modification time and inode, read
+/// through symlinks (a Kubernetes ConfigMap updates by swapping a `..data` symlink, which a watch
+/// on the file itself misses). `None`: absent or unreadable.
+pub type FileVersion = Option<(std::time::SystemTime, u64, u64)>;
+
+pub fn file_version(path: &Path) -> FileVersion {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}
+
 /// Reads, parses and validates a config file. A relative `workers_file` is resolved against
 /// the file's directory.
 pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigError> {

@@ -33,7 +33,7 @@ use pingora::server::configuration::ServerConf;
 
 pub use discovery::label_selector;
 pub use error::{ConfigError, ConfigErrorKind};
-pub use file::{load_file, load_workers_file, parse_yaml};
+pub use file::{file_version, load_file, load_workers_file, parse_yaml, FileVersion};
 pub use gateway::{
     AssignmentMode, CacheIndexKind, DiscoveryProvider, GatewayConfig, LogLevel, PairingMode,
     PolicyName,

@@ -17,7 +17,9 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use super::registered::Registered;
-use crate::config::{defaults, parse_manifest, GatewayConfig, WorkerSpec, WorkerType};
+use crate::config::{
+    defaults, file_version, parse_manifest, FileVersion, GatewayConfig, WorkerSpec, WorkerType,
+};
 use crate::gateway::Gateway;
 
 /// How often the manifest is looked at for a change.
@@ -46,15 +48,6 @@ impl FileDiscovery {
     }
 }
 
-/// One version of the file (`None`: absent or unreadable).
-type Stamp = Option<(std::time::SystemTime, u64, u64)>;
-
-fn stamp(path: &std::path::Path) -> Stamp {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len(), m.ino()))
-}
-
 #[async_trait]
 impl BackgroundService for FileDiscovery {
     async fn start(&self, mut shutdown: ShutdownWatch) {
@@ -65,11 +58,11 @@ impl BackgroundService for FileDiscovery {
         );
         // Prefill and decode entries are held apart, as the pod watches hold their roles.
         let mut registered: HashMap<WorkerType, Registered> = HashMap::new();
-        let mut last: Stamp = None;
+        let mut last: FileVersion = None;
         let mut read_at: Option<Instant> = None;
         let mut warned_missing = false;
         loop {
-            let now = stamp(&self.path);
+            let now = file_version(&self.path);
             let due = read_at.is_none_or(|t| t.elapsed() >= self.full_reread);
             let pass = registered.values().any(|r| r.needs_pass(&self.gw));
             if now != last || due || pass {
