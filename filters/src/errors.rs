@@ -179,6 +179,38 @@ pub const fn grpc_status_to_http(code: i32) -> u16 {
 }
 
 impl ErrorCode {
+    /// The code of a wire string (`None`: not one of ours).
+    pub fn from_code(code: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.iter().copied().find(|c| c.as_str() == code)
+    }
+
+    /// Whether the code says a leg failed after its pair was chosen — a prefill or decode
+    /// server error, a transport failure, a timeout, an unusable MoRI-IO handoff — as opposed
+    /// to a refusal before any leg (selection, admission, overload) or a client error. With a
+    /// 5xx status these are the handoff failures of link health.
+    pub const fn is_leg_failure(self) -> bool {
+        use ErrorCode::*;
+        matches!(
+            self,
+            DecodeInternalError
+                | DecodeUnavailable
+                | DecodeBadGateway
+                | DecodeError
+                | DecodeRequestFailed
+                | DecodeReadFailed
+                | PrefillInternalError
+                | PrefillUnavailable
+                | PrefillBadGateway
+                | PrefillError
+                | PrefillRequestFailed
+                | PrefillReadFailed
+                | PrefillUpstreamError
+                | PdRequestFailed
+                | MoriioHandoffInvalid
+                | Timeout
+        )
+    }
+
     /// Whether the answer carries `Retry-After` (overload sheds and admission refusals).
     pub const fn sends_retry_after(self) -> bool {
         matches!(

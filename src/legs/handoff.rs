@@ -122,37 +122,16 @@ fn count(outcome: &str, ctx: &RequestCtx) {
         .inc();
 }
 
-/// A refusal that says a leg failed with a server error or a transport failure after the pair
-/// was chosen. Either side counts: a broken link shows on whichever side notices first (an
-/// SGLang prefill whose transfer failed, a decode whose KV never came, a vLLM decode that could
-/// not load it). A leg failing with every partner is its worker's breaker's business; its links
-/// then all fail alike, and selection keeps using them when nothing else is left.
+/// A refusal that says a leg failed after the pair was chosen (`ErrorCode::is_leg_failure`) with
+/// a server error. Either side counts: a broken link shows on whichever side notices first (an
+/// SGLang prefill whose transfer session died, a decode whose KV never came). A leg failing with
+/// every partner is its worker's breaker's business; its links then all fail alike, and
+/// selection keeps using them when nothing else is left.
 fn is_handoff_failure(code: Option<&'static str>, status: u16) -> bool {
-    use ErrorCode::*;
-    let Some(code) = code else {
-        return false;
-    };
     status >= 500
-        && [
-            DecodeInternalError,
-            DecodeUnavailable,
-            DecodeBadGateway,
-            DecodeError,
-            DecodeRequestFailed,
-            DecodeReadFailed,
-            PrefillInternalError,
-            PrefillUnavailable,
-            PrefillBadGateway,
-            PrefillError,
-            PrefillRequestFailed,
-            PrefillReadFailed,
-            PrefillUpstreamError,
-            PdRequestFailed,
-            MoriioHandoffInvalid,
-            Timeout,
-        ]
-        .iter()
-        .any(|c| c.as_str() == code)
+        && code
+            .and_then(ErrorCode::from_code)
+            .is_some_and(ErrorCode::is_leg_failure)
 }
 
 #[cfg(test)]
