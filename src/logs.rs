@@ -9,7 +9,6 @@
 //! Records carry their fields as `log` key-values (`log::info!(target: "t", key = v; "msg")`),
 //! never pre-formatted into the message, so the JSON output needs no second parse.
 
-use std::fmt::Write as _;
 use std::io::Write as _;
 
 use log::kv::{self, VisitSource, VisitValue};
@@ -30,27 +29,27 @@ pub fn init(level: LevelFilter, rust_log: Option<&str>, json: bool) {
     } else {
         builder.format(|buf, record| {
             let style = buf.default_level_style(record.level());
-            let fields = text_fields(record);
-            writeln!(
+            write!(
                 buf,
-                "[{} {style}{:<5}{style:#} {}] {}{}",
+                "[{} {style}{:<5}{style:#} {}] {}",
                 buf.timestamp_millis(),
                 record.level(),
                 record.target(),
                 record.args(),
-                fields
-            )
+            )?;
+            write_text_fields(buf, record)?;
+            writeln!(buf)
         });
     }
     let _ = builder.try_init();
 }
 
-/// ` key=value` for each key-value of the record (a leading space only when a message precedes).
-fn text_fields(record: &Record<'_>) -> String {
+/// ` key=value` for each key-value of the record, written straight to the log line (a leading
+/// space only when a message precedes; no per-line buffer).
+fn write_text_fields(out: &mut dyn std::io::Write, record: &Record<'_>) -> std::io::Result<()> {
     struct Text<'a> {
-        out: String,
-        first: bool,
-        has_message: &'a bool,
+        out: &'a mut dyn std::io::Write,
+        space: bool,
     }
     impl<'kvs> VisitSource<'kvs> for Text<'_> {
         fn visit_pair(
@@ -58,49 +57,52 @@ fn text_fields(record: &Record<'_>) -> String {
             key: kv::Key<'kvs>,
             value: kv::Value<'kvs>,
         ) -> Result<(), kv::Error> {
-            if !self.first || *self.has_message {
-                self.out.push(' ');
-            }
-            self.first = false;
-            self.out.push_str(key.as_str());
-            self.out.push('=');
-            value.visit(TextValue(&mut self.out))
+            let sep = if self.space { " " } else { "" };
+            self.space = true;
+            write!(self.out, "{sep}{}=", key.as_str())?;
+            value.visit(TextValue(&mut *self.out))
         }
     }
-    let has_message = record.args().as_str() != Some("");
     let mut v = Text {
-        out: String::new(),
-        first: true,
-        has_message: &has_message,
+        out,
+        space: record.args().as_str() != Some(""),
     };
-    let _ = record.key_values().visit(&mut v);
-    v.out
+    record
+        .key_values()
+        .visit(&mut v)
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
-struct TextValue<'a>(&'a mut String);
+struct TextValue<'a>(&'a mut dyn std::io::Write);
 
 impl<'v> VisitValue<'v> for TextValue<'_> {
     fn visit_any(&mut self, value: kv::Value) -> Result<(), kv::Error> {
-        let s = value.to_string();
-        self.visit_str(&s)
+        Ok(write!(self.0, "{value}")?)
     }
     fn visit_null(&mut self) -> Result<(), kv::Error> {
-        self.0.push('-');
-        Ok(())
+        Ok(self.0.write_all(b"-")?)
+    }
+    fn visit_u64(&mut self, value: u64) -> Result<(), kv::Error> {
+        Ok(write!(self.0, "{value}")?)
+    }
+    fn visit_i64(&mut self, value: i64) -> Result<(), kv::Error> {
+        Ok(write!(self.0, "{value}")?)
+    }
+    fn visit_bool(&mut self, value: bool) -> Result<(), kv::Error> {
+        Ok(write!(self.0, "{value}")?)
     }
     fn visit_str(&mut self, value: &str) -> Result<(), kv::Error> {
         if value.is_empty() || value.contains([' ', '"', '\n', '\t']) {
             let mut quoted = Vec::with_capacity(value.len() + 2);
             pdgate_filters::json::push_string(&mut quoted, value);
-            self.0.push_str(&String::from_utf8_lossy(&quoted));
+            self.0.write_all(&quoted)?;
         } else {
-            self.0.push_str(value);
+            self.0.write_all(value.as_bytes())?;
         }
         Ok(())
     }
     fn visit_f64(&mut self, value: f64) -> Result<(), kv::Error> {
-        let _ = write!(self.0, "{value:.1}");
-        Ok(())
+        Ok(write!(self.0, "{value:.1}")?)
     }
 }
 
@@ -198,7 +200,11 @@ mod tests {
 
     #[test]
     fn text_fields_follow_the_message_as_key_value_pairs() {
-        let text = with_record(text_fields);
+        let text = with_record(|r| {
+            let mut out = Vec::new();
+            write_text_fields(&mut out, r).unwrap();
+            String::from_utf8(out).unwrap()
+        });
         assert_eq!(
             text,
             r#"request_id=r-1 status=200 room=- duration_ms=1.3 failure="upstream \"closed\"""#
