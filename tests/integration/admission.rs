@@ -8,9 +8,9 @@ use std::time::Duration;
 use mock_engine::{EngineKind, Fault, GrpcCode, MockEngine, MockEngineConfig, Role};
 use serde_json::json;
 
-use crate::grpc_pd::{model_dir, vocab};
+use crate::grpc_pd::{model_dir, refuse_next_generate, vocab};
 use crate::harness::Gateway;
-use crate::http_admission::{chat, counter, occupy};
+use crate::http_admission::{a_client_leaving_claims_no_slot, chat, counter, occupy};
 
 /// An SGLang gRPC pair whose decode runs `window` requests at once, emitting a token every
 /// `itl_ms`.
@@ -102,13 +102,7 @@ async fn a_slot_is_released_however_its_decode_leg_ends() {
         200
     );
     // 2. The decode refused the leg.
-    d.inject(Fault::GrpcStatus {
-        code: GrpcCode::InvalidArgument,
-        message: None,
-        count: Some(1),
-        matcher: Default::default(),
-    })
-    .await;
+    refuse_next_generate(&d, mock_engine::GrpcCode::InvalidArgument, None).await;
     assert_eq!(
         gw.post("/v1/chat/completions", &chat(2, false))
             .await
@@ -124,13 +118,7 @@ async fn a_slot_is_released_however_its_decode_leg_ends() {
         "the dropped prefill was not aborted"
     );
     // 3. The prefill refused the leg (the decode was waiting for KV).
-    p.inject(Fault::GrpcStatus {
-        code: GrpcCode::InvalidArgument,
-        message: None,
-        count: Some(1),
-        matcher: Default::default(),
-    })
-    .await;
+    refuse_next_generate(&p, mock_engine::GrpcCode::InvalidArgument, None).await;
     assert_eq!(
         gw.post("/v1/chat/completions", &chat(2, false))
             .await
@@ -168,25 +156,7 @@ async fn a_slot_is_released_however_its_decode_leg_ends() {
 async fn a_client_leaving_while_waiting_claims_nothing() {
     let (p, d) = pair(([127, 0, 40, 7], [127, 0, 40, 8]), 1, 20).await;
     let gw = gateway(&p, &d, 30).await;
-    let held = occupy(&gw).await;
-    let left = gw
-        .post_and_give_up(
-            "/v1/chat/completions",
-            &chat(2, false),
-            Duration::from_millis(300),
-        )
-        .await;
-    assert!(left.is_err(), "the client gave up while waiting");
-    gw.saw_a_client_leave().await;
-    drop(held);
-    // Had the leaving request claimed the slot, this one would wait forever (30 s).
-    let r = gw.post("/v1/chat/completions", &chat(2, false)).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(
-        d.records().len(),
-        2,
-        "the leaving request was never dispatched"
-    );
+    a_client_leaving_claims_no_slot(&gw, &d).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

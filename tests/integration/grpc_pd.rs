@@ -230,18 +230,31 @@ fn error_code(r: &mock_engine::client::Response) -> String {
         .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_decode_answers_at_once_and_the_prefill_is_aborted() {
-    use mock_engine::{Fault, GrpcCode};
-    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 21]).await;
-    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 22]).await;
-    let gw = gateway(&p, &d).await;
-    d.inject(Fault::GrpcStatus {
-        code: GrpcCode::InvalidArgument,
-        message: Some("bad sampling".into()),
+/// Makes `e` refuse its next `Generate` with `code` (and `message`, else the mock's text).
+pub(crate) async fn refuse_next_generate(
+    e: &MockEngine,
+    code: mock_engine::GrpcCode,
+    message: Option<&str>,
+) {
+    e.inject(mock_engine::Fault::GrpcStatus {
+        code,
+        message: message.map(str::to_string),
         count: Some(1),
         matcher: Default::default(),
     })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_decode_answers_at_once_and_the_prefill_is_aborted() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 21]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 22]).await;
+    let gw = gateway(&p, &d).await;
+    refuse_next_generate(
+        &d,
+        mock_engine::GrpcCode::InvalidArgument,
+        Some("bad sampling"),
+    )
     .await;
     let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
     assert_eq!(r.status, 400, "{}", r.text());
@@ -262,16 +275,14 @@ async fn a_refused_decode_answers_at_once_and_the_prefill_is_aborted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_prefill_answers_at_once_and_the_waiting_decode_is_not_cut() {
-    use mock_engine::{Fault, GrpcCode};
     let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 23]).await;
     let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 24]).await;
     let gw = gateway(&p, &d).await;
-    p.inject(Fault::GrpcStatus {
-        code: GrpcCode::InvalidArgument,
-        message: Some("prompt too long".into()),
-        count: Some(1),
-        matcher: Default::default(),
-    })
+    refuse_next_generate(
+        &p,
+        mock_engine::GrpcCode::InvalidArgument,
+        Some("prompt too long"),
+    )
     .await;
     let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
     assert_eq!(r.status, 400, "{}", r.text());
@@ -512,17 +523,10 @@ async fn sglang_stop_strings_are_enforced_by_the_gateway_not_sent_to_the_engine(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_leg_is_retried_with_a_new_room_and_request_id() {
-    use mock_engine::{Fault, GrpcCode};
     let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 31, 15]).await;
     let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 31, 16]).await;
     let gw = gateway(&p, &d).await;
-    p.inject(Fault::GrpcStatus {
-        code: GrpcCode::Unavailable,
-        message: None,
-        count: Some(1),
-        matcher: Default::default(),
-    })
-    .await;
+    refuse_next_generate(&p, mock_engine::GrpcCode::Unavailable, None).await;
     let want = reference_text(&d, &chat(4, false)["messages"], 4);
     let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
     assert_eq!(r.status, 200, "{}", r.text());

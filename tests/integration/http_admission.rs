@@ -185,7 +185,14 @@ async fn an_http_slot_is_released_however_its_decode_leg_ends() {
 async fn an_http_client_leaving_while_waiting_claims_nothing() {
     let (p, d) = sglang_pair(([127, 0, 50, 5], [127, 0, 50, 6]), 1, 20).await;
     let gw = gateway(&[p.worker_spec(), d.worker_spec()], 30).await;
-    let held = occupy(&gw).await;
+    a_client_leaving_claims_no_slot(&gw, &d).await;
+}
+
+/// With `decode`'s only slot held (and a long admission wait), a client that gives up while
+/// waiting for it claims nothing: the next request gets the slot at once, and the leaving one
+/// never reached the decode. HTTP and gRPC decodes alike.
+pub(crate) async fn a_client_leaving_claims_no_slot(gw: &Gateway, decode: &MockEngine) {
+    let held = occupy(gw).await;
     let left = gw
         .post_and_give_up(
             "/v1/chat/completions",
@@ -198,10 +205,14 @@ async fn an_http_client_leaving_while_waiting_claims_nothing() {
     // the request ends), so the test does not depend on which it notices first.
     gw.saw_a_client_leave().await;
     drop(held);
-    // Had the leaving request claimed the slot, this one would wait 30 s.
+    // Had the leaving request claimed the slot, this one would wait for the whole admission wait.
     let r = gw.post("/v1/chat/completions", &chat(2, false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(d.records().len(), 2, "the leaving request was dispatched");
+    assert_eq!(
+        decode.records().len(),
+        2,
+        "the leaving request was dispatched"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
