@@ -202,7 +202,19 @@ async fn before<T>(
 }
 
 /// Sends one request and reads (or abandons) its answer.
-async fn send(url: String, shot: &Shot) -> Ended {
+/// Request ids of the streams a client is reading now (its first chunk arrived, not ended).
+type Receiving = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+
+/// Takes a stream's id out of [`Receiving`] however its read ends.
+struct Reading<'a>(&'a Receiving, &'a str);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().remove(self.1);
+    }
+}
+
+async fn send(url: String, shot: &Shot, receiving: &Receiving) -> Ended {
     let body = Bytes::from(shot.body.to_string());
     let give_up = match shot.hang_up {
         HangUp::After(d) => Some(tokio::time::Instant::now() + d),
@@ -224,6 +236,7 @@ async fn send(url: String, shot: &Shot) -> Ended {
     let status = resp.status;
     let mut body = Vec::new();
     let mut chunks = 0;
+    let mut reading = None;
     loop {
         if matches!(shot.hang_up, HangUp::AfterChunks(k) if chunks >= k) {
             return Ended::ClientLeft;
@@ -236,6 +249,10 @@ async fn send(url: String, shot: &Shot) -> Ended {
             Some(Ok(c)) => {
                 body.extend_from_slice(&c.data);
                 chunks += 1;
+                if shot.stream && reading.is_none() {
+                    receiving.lock().unwrap().insert(shot.id.clone());
+                    reading = Some(Reading(receiving, &shot.id));
+                }
             }
             Some(Err(e)) => {
                 return Ended::Unclear(format!(
@@ -258,6 +275,7 @@ struct Outcome {
 /// A load under way: [`CONCURRENCY`] requests in flight until every shot was sent.
 struct Load {
     finished: Arc<AtomicUsize>,
+    receiving: Receiving,
     task: tokio::task::JoinHandle<Vec<Outcome>>,
 }
 
@@ -266,11 +284,14 @@ impl Load {
         let base = gw.url("");
         let finished = Arc::new(AtomicUsize::new(0));
         let counter = finished.clone();
+        let receiving = Receiving::default();
+        let readers = receiving.clone();
         let task = tokio::spawn(async move {
             let permits = Arc::new(Semaphore::new(CONCURRENCY));
             let mut set = JoinSet::new();
             for (i, shot) in shots.into_iter().enumerate() {
-                let (permits, counter) = (permits.clone(), counter.clone());
+                let (permits, counter, readers) =
+                    (permits.clone(), counter.clone(), readers.clone());
                 let url = format!("{base}{}", shot.path);
                 set.spawn(async move {
                     let _permit = permits
@@ -278,7 +299,7 @@ impl Load {
                         .await
                         .expect("the semaphore is open");
                     let t = Instant::now();
-                    let ended = tokio::time::timeout(HANG, send(url, &shot))
+                    let ended = tokio::time::timeout(HANG, send(url, &shot, &readers))
                         .await
                         .unwrap_or(Ended::Hang);
                     counter.fetch_add(1, Ordering::Relaxed);
@@ -299,7 +320,11 @@ impl Load {
             out.sort_by_key(|(i, _)| *i);
             out.into_iter().map(|(_, o)| o).collect()
         });
-        Load { finished, task }
+        Load {
+            finished,
+            receiving,
+            task,
+        }
     }
 
     /// Waits until `n` requests have ended (the load is well under way).
@@ -645,7 +670,7 @@ async fn kill_under_load(
     others: [MockEngineConfig; 2],
     max_tokens: u32,
     slow_down: Option<Fault>,
-    in_the_middle: fn(&MockEngine) -> bool,
+    in_the_middle: fn(&MockEngine, &Receiving) -> bool,
 ) -> Report {
     let mut rng = StdRng::seed_from_u64(SEED);
     let what = format!("{} {:?}", doomed.engine.as_str(), doomed.role);
@@ -663,7 +688,7 @@ async fn kill_under_load(
     }
     let load = Load::start(&gw, mixed(REQUESTS, max_tokens, &mut rng));
     load.wait_finished(REQUESTS / 4).await;
-    let caught = doomed.wait_for(HANG, in_the_middle).await;
+    let caught = mock_engine::wait_until(HANG, || in_the_middle(&doomed, &load.receiving)).await;
     assert!(
         caught,
         "the {what} never had the work in flight to be killed in"
@@ -682,11 +707,19 @@ async fn kill_under_load(
     report
 }
 
-/// Streams in flight on `e` (head sent, not finished).
-fn open_streams(e: &MockEngine) -> usize {
+/// Streams in flight on `e` (head sent, not finished) whose client is already reading them: a
+/// kill then cuts a response that has begun (an engine's head alone may not have reached the
+/// client yet, and such a request would simply be retried).
+fn open_streams(e: &MockEngine, receiving: &Receiving) -> usize {
+    let receiving = receiving.lock().unwrap();
     e.records()
         .iter()
         .filter(|r| r.body["stream"] == true && r.outcome.head_at_ms.is_some() && !r.is_done())
+        .filter(|r| {
+            r.x_request_id
+                .as_deref()
+                .is_some_and(|id| receiving.contains(id))
+        })
         .count()
 }
 
@@ -701,7 +734,7 @@ async fn killing_an_sglang_prefill_mid_rendezvous_ends_every_request() {
         ],
         8,
         Some(Fault::SlowTransferMs { ms: 200 }),
-        |e| e.rooms().len() >= 3,
+        |e, _| e.rooms().len() >= 3,
     )
     .await;
 }
@@ -719,7 +752,7 @@ async fn killing_a_vllm_nixl_prefill_mid_request_ends_every_request() {
         ],
         8,
         None,
-        |e| e.stats().requests_in_flight >= 3,
+        |e, _| e.stats().requests_in_flight >= 3,
     )
     .await;
 }
@@ -740,8 +773,10 @@ async fn killing_an_sglang_decode_mid_stream_ends_every_request() {
         [[127, 0, 9, 21], [127, 0, 9, 22]],
     );
     let prefill = sglang(Role::Prefill, [127, 0, 9, 23]);
-    let report =
-        kill_under_load(doomed, [prefill, spare], 16, None, |e| open_streams(e) >= 3).await;
+    let report = kill_under_load(doomed, [prefill, spare], 16, None, |e, r| {
+        open_streams(e, r) >= 3
+    })
+    .await;
     assert!(
         report.count(|e| *e == Ended::ErrorEvent) > 0,
         "no stream ended with an error event: {}",
@@ -756,8 +791,10 @@ async fn killing_a_vllm_decode_mid_stream_ends_every_request_and_no_block_stays_
         [[127, 0, 9, 31], [127, 0, 9, 32]],
     );
     let prefill = vllm(Role::Prefill, [127, 0, 9, 33], Connector::Nixl);
-    let report =
-        kill_under_load(doomed, [prefill, spare], 16, None, |e| open_streams(e) >= 3).await;
+    let report = kill_under_load(doomed, [prefill, spare], 16, None, |e, r| {
+        open_streams(e, r) >= 3
+    })
+    .await;
     assert!(
         report.count(|e| *e == Ended::ErrorEvent) > 0,
         "no stream ended with an error event: {}",
