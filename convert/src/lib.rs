@@ -21,7 +21,7 @@ pub use event::{
 };
 pub use request::{
     convert_request, ChatInput, Constraint, Feature, GenerationRequest, Input, LogprobRequest,
-    Prompt, RequestError, SamplingParams, Unsupported,
+    MediaRef, MediaSource, Prompt, RequestError, SamplingParams, Unsupported,
 };
 pub use response::{content_type, response_writer, LogprobOutput, ResponseSpec, ResponseWriter};
 pub use usage::UsageTotals;

@@ -134,8 +134,27 @@ catalogue! {
     /// gRPC path: request fields that are valid one by one but cannot go together (two output
     /// constraints, …). SMG's code for the same refusal.
     InvalidRequestParameters = "invalid_request_parameters", 400;
-    /// gRPC path: image, audio, video or file input (SMG's code; pdgate has no media pipeline).
+    /// gRPC path: media the gateway cannot serve (audio, video, files; images for a model with
+    /// no image processor or no vision worker; EPD with `--mm-processing worker`). SMG's code.
     MultimodalNotSupported = "multimodal_not_supported", 400;
+    /// gRPC path: an image URL was refused by the media policy (scheme, private or loopback
+    /// address, domain not allowed) or could not be fetched (status, size, time).
+    MediaFetchFailed = "media_fetch_failed", 400;
+    /// gRPC path: an image could not be decoded (not PNG, JPEG, WebP or GIF, corrupt, too
+    /// many pixels) or the chat template placed a different number of image placeholders.
+    InvalidMedia = "invalid_media", 400;
+    /// gRPC path: more images than `--mm-per-request-image-limit` (SMG's code).
+    TooManyImages = "too_many_images", 400;
+    /// A language-model-only vLLM decode pool cannot take an M-RoPE model's grid tensors.
+    PdDecodeLanguageModelOnlyMrope = "pd_decode_language_model_only_mrope", 400;
+    /// A language-model-only vLLM decode pool cannot expand worker-side media references.
+    PdDecodeLanguageModelOnlyMediaRefs = "pd_decode_language_model_only_media_refs", 400;
+    /// A language-model-only vLLM decode pool cannot recompute a multimodal prompt (`n>1`).
+    PdDecodeLanguageModelOnlyNSamples = "pd_decode_language_model_only_n_samples", 400;
+    /// EPD: an encode worker refused an item's `Encode` (its gRPC status mapped to HTTP); the
+    /// request's prefill and decode legs are dropped at once instead of waiting for the
+    /// prefill's embedding timeout.
+    EncodeWorkerFailedToStart = "encode_worker_failed_to_start", 503;
     /// gRPC path: a request feature the gateway-side conversion does not implement yet (tool
     /// calling, beam search, stored responses, …); the message names the field.
     FeatureNotSupported = "feature_not_supported", 400;

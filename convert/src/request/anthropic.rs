@@ -8,13 +8,16 @@
 //! * assistant `text` blocks → `content` (joined; `null` without text), `tool_use` →
 //!   `tool_calls` (`arguments` as JSON text), `thinking` → `reasoning_content`;
 //!   `redacted_thinking` is dropped (opaque to a template);
-//! * `image`, `document` → [`Feature::Multimodal`]; other block types (server tools, search
-//!   results, …) → [`Feature::ContentType`].
+//! * user `image` blocks → `{"type":"image"}` parts, their sources taken out as
+//!   [`MediaRef`]s in prompt order; `document` (and images inside tool results) →
+//!   [`Feature::Multimodal`]; other block types (server tools, search results, …) →
+//!   [`Feature::ContentType`].
 
 use serde_json::{json, Map, Value};
 
 use super::chat::MEDIA_TYPES;
 use super::fields::Reader;
+use super::media::{self, MediaRef};
 use super::{ChatInput, Feature, GenerationRequest, RequestError, SamplingParams};
 use pdgate_filters::route::Route;
 use pdgate_filters::value::{self, Kind};
@@ -29,8 +32,9 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
         messages.push(json!({"role": "system", "content": system}));
     }
     let input: Vec<Value> = r.deserialize("messages", "a non-empty list of messages")?;
+    let mut media = Vec::new();
     for (i, message) in input.iter().enumerate() {
-        convert_message(i, message, &mut messages)?;
+        convert_message(i, message, &mut messages, &mut media)?;
     }
 
     let thinking = match r
@@ -62,6 +66,7 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
         add_generation_prompt: true,
         continue_final_message: false,
         thinking,
+        media,
     };
     Ok(GenerationRequest::conversation(
         Route::Messages,
@@ -105,7 +110,12 @@ fn system_text(r: &Reader<'_>) -> Result<Option<String>> {
     }
 }
 
-fn convert_message(i: usize, message: &Value, out: &mut Vec<Value>) -> Result<()> {
+fn convert_message(
+    i: usize,
+    message: &Value,
+    out: &mut Vec<Value>,
+    media: &mut Vec<MediaRef>,
+) -> Result<()> {
     let role = match message.get("role").and_then(Value::as_str) {
         Some(role @ ("user" | "assistant" | "system")) => role,
         _ => {
@@ -136,7 +146,7 @@ fn convert_message(i: usize, message: &Value, out: &mut Vec<Value>) -> Result<()
                 "an object with a string `type`",
             )
         })?;
-        if MEDIA_TYPES.contains(&t) {
+        if MEDIA_TYPES.contains(&t) && !(t == "image" && role == "user") {
             return Err(RequestError::unsupported(
                 Feature::Multimodal,
                 format!("messages[{i}].content[{j}]"),
@@ -202,6 +212,13 @@ fn convert_message(i: usize, message: &Value, out: &mut Vec<Value>) -> Result<()
     for (j, block) in blocks.iter().enumerate() {
         match block_type(j, block)?.as_str() {
             "text" => parts.push(json!({"type": "text", "text": text_of(j, block, "text")?})),
+            "image" => {
+                media.push(media::anthropic_image(
+                    block,
+                    &format!("messages[{i}].content[{j}]"),
+                )?);
+                parts.push(media::template_part());
+            }
             "tool_result" => tool_results.push(json!({
                 "role": "tool",
                 "tool_call_id": text_of(j, block, "tool_use_id")?,

@@ -1,9 +1,11 @@
 //! `/v1/chat/completions` → [`GenerationRequest`]: the messages go to the template as sent;
-//! content parts must be text (media is [`Feature::Multimodal`]).
+//! content parts must be text or images (`image_url`, taken out as [`MediaRef`]s); other
+//! media is [`Feature::Multimodal`].
 
 use serde_json::{Map, Value};
 
 use super::fields::Reader;
+use super::media::{self, MediaRef};
 use super::sampling;
 use super::{
     single_constraint, ChatInput, Constraint, Feature, GenerationRequest, Input, LogprobRequest,
@@ -33,8 +35,8 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
     refuse_output_modalities(r)?;
     r.refuse("echo", Feature::ChatEcho)?;
 
-    let messages: Vec<Value> = r.deserialize("messages", "a non-empty list of messages")?;
-    check_content_parts(&messages)?;
+    let mut messages: Vec<Value> = r.deserialize("messages", "a non-empty list of messages")?;
+    let media = take_content_parts(&mut messages)?;
     let (tools, tool_choice) = tools(r)?;
 
     let stream = r.flag("stream")?;
@@ -79,6 +81,7 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
             add_generation_prompt: add_generation_prompt && !continue_final_message,
             continue_final_message,
             thinking: thinking_from_effort(r.raw("reasoning_effort")),
+            media,
         })),
         sampling,
         logprobs,
@@ -161,17 +164,23 @@ fn tools(r: &Reader<'_>) -> Result<(Option<Value>, Option<Value>)> {
     Ok((tools, tool_choice))
 }
 
-/// Every list content must be text parts; media parts are [`Feature::Multimodal`], unknown
-/// ones [`Feature::ContentType`].
-fn check_content_parts(messages: &[Value]) -> Result<()> {
-    for (i, message) in messages.iter().enumerate() {
-        let Some(Value::Array(parts)) = message.get("content") else {
+/// Every list content must be text or image parts: images are taken out in prompt order and
+/// replaced by the template's image part; other media parts are [`Feature::Multimodal`],
+/// unknown ones [`Feature::ContentType`].
+fn take_content_parts(messages: &mut [Value]) -> Result<Vec<MediaRef>> {
+    let mut media = Vec::new();
+    for (i, message) in messages.iter_mut().enumerate() {
+        let Some(Value::Array(parts)) = message.get_mut("content") else {
             continue;
         };
-        for (j, part) in parts.iter().enumerate() {
+        for (j, part) in parts.iter_mut().enumerate() {
             let field = || format!("messages[{i}].content[{j}]");
             match part.get("type").and_then(Value::as_str) {
                 Some("text") => {}
+                Some("image_url") => {
+                    media.push(media::openai_image(part, &field())?);
+                    *part = media::template_part();
+                }
                 Some(t) if MEDIA_TYPES.contains(&t) => {
                     return Err(RequestError::unsupported(Feature::Multimodal, field()))
                 }
@@ -185,5 +194,5 @@ fn check_content_parts(messages: &[Value]) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(media)
 }

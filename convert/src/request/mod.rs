@@ -50,6 +50,7 @@ mod chat;
 mod completions;
 mod fields;
 mod generate;
+mod media;
 mod responses;
 mod sampling;
 
@@ -169,6 +170,9 @@ pub struct ChatInput {
     /// for OpenAI `reasoning_effort` `none`/`minimal` (SMG's reading), Anthropic
     /// `thinking.type` as given; `None` leaves the template's default.
     pub thinking: Option<bool>,
+    /// The images of the conversation in prompt order; each one's place in `messages` holds
+    /// `{"type": "image"}` (chat `image_url` parts, Anthropic `image` blocks).
+    pub media: Vec<MediaRef>,
 }
 
 /// Sampling parameters; `None` means the client left the field out, so the worker's
@@ -444,6 +448,8 @@ fn single_constraint(
         }
     }
 }
+
+pub use media::{MediaRef, MediaSource};
 
 #[cfg(test)]
 mod tests;

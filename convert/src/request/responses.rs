@@ -78,6 +78,7 @@ pub(super) fn convert(r: &Reader<'_>) -> Result<GenerationRequest> {
         add_generation_prompt: true,
         continue_final_message: false,
         thinking,
+        media: Vec::new(),
     };
     Ok(GenerationRequest::conversation(
         Route::Responses,

@@ -304,9 +304,39 @@ fn chat_messages_pass_as_sent_with_text_parts() {
 }
 
 #[test]
+fn chat_images_are_taken_out_in_prompt_order() {
+    let body = json!({"messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://media.test/a.png", "detail": "low"}},
+            {"type": "text", "text": "and"},
+            {"type": "image_url", "image_url": "data:image/png;base64,AA"},
+        ]},
+    ]});
+    let r = ok(Route::ChatCompletions, body);
+    let chat = chat_input(&r);
+    assert_eq!(
+        chat.media,
+        vec![
+            MediaRef { source: MediaSource::Url("https://media.test/a.png".into()) },
+            MediaRef { source: MediaSource::Url("data:image/png;base64,AA".into()) },
+        ]
+    );
+    assert_eq!(
+        chat.messages[1]["content"],
+        json!([{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}])
+    );
+    for bad in [json!({"url": ""}), json!({}), json!(7)] {
+        let body = json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": bad}]}]});
+        let e = refused(Route::ChatCompletions, body);
+        assert_eq!(e.code(), ErrorCode::InvalidRequest, "{e}");
+        assert!(e.to_string().contains("messages[0].content[0].image_url"), "{e}");
+    }
+}
+
+#[test]
 fn chat_media_parts_are_multimodal_refusals() {
     for part in [
-        json!({"type": "image_url", "image_url": {"url": "data:,"}}),
         json!({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}),
         json!({"type": "video_url", "video_url": {"url": "x"}}),
         json!({"type": "file", "file": {}}),
@@ -871,14 +901,42 @@ fn anthropic_refusals() {
     assert_eq!(chat_input(&r).tools, Some(tools));
 
     let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}});
+    let by_url = json!({"type": "image", "source": {"type": "url", "url": "https://media.test/b.jpg"}});
+    let r = ok(
+        Route::Messages,
+        anthropic(
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, image, by_url]}]}),
+        ),
+    );
+    let chat = chat_input(&r);
+    assert_eq!(
+        chat.media,
+        vec![
+            MediaRef {
+                source: MediaSource::Base64 { media_type: "image/png".into(), data: "AA".into() }
+            },
+            MediaRef { source: MediaSource::Url("https://media.test/b.jpg".into()) },
+        ]
+    );
+    assert_eq!(chat.media[0].url(), "data:image/png;base64,AA");
+    assert_eq!(
+        chat.messages[0]["content"],
+        json!([{"type": "text", "text": "see"}, {"type": "image"}, {"type": "image"}])
+    );
     let e = refused(
         Route::Messages,
         anthropic(
-            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, image]}]}),
+            json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}),
+        ),
+    );
+    assert_eq!(e.code(), ErrorCode::InvalidRequest, "{e}");
+    let e = refused(
+        Route::Messages,
+        anthropic(
+            json!({"messages": [{"role": "assistant", "content": [image]}]}),
         ),
     );
     assert_eq!(e.code(), ErrorCode::MultimodalNotSupported);
-    assert!(e.to_string().starts_with("`messages[0].content[1]`"), "{e}");
     let e = refused(
         Route::Messages,
         anthropic(
