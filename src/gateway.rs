@@ -182,7 +182,8 @@ impl Gateway {
         models: crate::models::Models,
     ) -> Gateway {
         let cfg = startup.gateway.clone();
-        let discovery = crate::discovery::DiscoveryStatus::new(cfg.discovery());
+        let discovery = crate::discovery::DiscoveryStatus::new(cfg.discovery())
+            .with_encode(cfg.epd_disaggregation && !cfg.encode_selector.is_empty());
         let limiter = Limiter::new(Limits::from_config(&cfg)).map(Arc::new);
         let source = startup.source.clone();
         let settings = Settings::from_config(&cfg);

@@ -12,14 +12,17 @@ use crate::reply::Reply;
 use crate::workers::intake::worker_get;
 use crate::workers::select::select_pair;
 
-/// `/readiness`: ready only with at least one healthy prefill and one healthy decode worker.
+/// `/readiness`: ready only with at least one healthy prefill and one healthy decode worker
+/// (and, in EPD mode, one healthy encode worker).
 /// With service discovery the body also carries a `discovery` object (whether each role's pods
 /// were listed, how many workers it holds, its latest watch error).
 pub fn readiness(gw: &Gateway) -> Reply {
     let snap = gw.registry.snapshot();
     let prefill = snap.healthy(WorkerType::Prefill);
     let decode = snap.healthy(WorkerType::Decode);
-    let (status, mut body) = if prefill > 0 && decode > 0 {
+    let epd = gw.config().epd_disaggregation;
+    let encode = snap.healthy(WorkerType::Encode);
+    let (status, mut body) = if prefill > 0 && decode > 0 && (!epd || encode > 0) {
         let healthy = snap.all.iter().filter(|w| w.is_healthy()).count();
         (
             200,
@@ -42,6 +45,9 @@ pub fn readiness(gw: &Gateway) -> Reply {
             }),
         )
     };
+    if epd {
+        body["encode_healthy"] = encode.into();
+    }
     if let Some(discovery) = gw.discovery.to_json() {
         body["discovery"] = discovery;
     }

@@ -87,25 +87,30 @@ async fn read_spec(gw: &Gateway, session: &mut Session) -> Result<WorkerSpec, Re
         .map_err(|r| r.reply)?;
     let spec = WorkerSpec::from_json(&body)
         .map_err(|e| admin_error(ErrorCode::BadRequest, &e.to_string()))?;
-    check_spec(&spec)?;
+    check_spec(gw, &spec)?;
     Ok(spec)
 }
 
 /// What pdgate accepts as a worker: a valid spec for an `http(s)://` or `grpc://` prefill or
-/// decode leg.
-fn check_spec(spec: &WorkerSpec) -> Result<(), Reply> {
+/// decode leg, or (EPD mode) a `grpc://` encode worker.
+fn check_spec(gw: &Gateway, spec: &WorkerSpec) -> Result<(), Reply> {
     spec.validate()
         .map_err(|e| admin_error(ErrorCode::BadRequest, &e.to_string()))?;
-    if !matches!(spec.worker_type, WorkerType::Prefill | WorkerType::Decode) {
+    if !matches!(
+        spec.worker_type,
+        WorkerType::Prefill | WorkerType::Decode | WorkerType::Encode
+    ) {
         return Err(admin_error(
             ErrorCode::BadRequest,
             &format!(
-                "worker_type `{}` is not served: pdgate routes prefill and decode workers only",
+                "worker_type `{}` is not served: pdgate routes prefill and decode workers (and \
+                 encode workers in EPD mode) only",
                 spec.worker_type.as_str()
             ),
         ));
     }
-    Ok(())
+    crate::config::validate_worker_for_mode(&gw.config(), spec)
+        .map_err(|e| admin_error(ErrorCode::BadRequest, &e.to_string()))
 }
 
 /// Builds the live worker, resolving its host off the reactor.
@@ -265,7 +270,7 @@ async fn replace(gw: &Gateway, id: &str, spec: WorkerSpec) -> Reply {
 }
 
 async fn swap_in(gw: &Gateway, current: &Arc<Worker>, spec: WorkerSpec) -> Reply {
-    if let Err(r) = check_spec(&spec) {
+    if let Err(r) = check_spec(gw, &spec) {
         return r;
     }
     let worker = match build_worker(gw, current.id.clone(), spec, current.origin).await {
@@ -363,6 +368,7 @@ fn list(gw: &Gateway, model: Option<&str>) -> Reply {
         "stats": {
             "prefill_count": count(WorkerType::Prefill),
             "decode_count": count(WorkerType::Decode),
+            "encode_count": count(WorkerType::Encode),
             "regular_count": count(WorkerType::Regular),
         },
     });

@@ -264,3 +264,12 @@ pub const KV_CONNECTOR_ANNOTATION: &str = "smg.ai/kv-connector";
 pub const KV_ENGINE_ID_ANNOTATION: &str = "smg.ai/kv-engine-id";
 /// SMG: the annotation a prefill pod advertises its bootstrap port with (no flag).
 pub const BOOTSTRAP_PORT_ANNOTATION: &str = "sglang.ai/bootstrap-port";
+
+/// `--encode-policy`: a repeated image goes to the same encode worker.
+pub const ENCODE_POLICY: &str = "consistent_hashing";
+/// `--mm-processing`.
+pub const MM_PROCESSING: &str = "auto";
+/// Images per request when `--mm-per-request-image-limit` is unset (SMG's built-in limit).
+pub const MM_PER_REQUEST_IMAGE_LIMIT: u32 = 128;
+/// An encode worker's bootstrap port when `--encode URL` gives none (SMG).
+pub const ENCODE_BOOTSTRAP_PORT: u16 = 8998;

@@ -71,6 +71,7 @@ pub(crate) fn validate_discovery(cfg: &GatewayConfig) -> Result<(), ConfigError>
     let kubernetes_keys = [
         ("prefill_selector", !cfg.prefill_selector.is_empty()),
         ("decode_selector", !cfg.decode_selector.is_empty()),
+        ("encode_selector", !cfg.encode_selector.is_empty()),
         (
             "service_discovery_namespace",
             cfg.service_discovery_namespace.is_some(),
@@ -139,6 +140,22 @@ pub(crate) fn validate_discovery(cfg: &GatewayConfig) -> Result<(), ConfigError>
                     ));
                 }
                 label_selector(words).map_err(|why| ConfigError::invalid_key(key, why))?;
+            }
+            if cfg.epd_disaggregation {
+                if cfg.encode_selector.is_empty() {
+                    return Err(ConfigError::invalid_key(
+                        "encode_selector",
+                        "EPD discovery needs all three role selectors; give encode_selector \
+                         (e.g. --encode-selector app=tokenspeed role=encode)",
+                    ));
+                }
+                label_selector(&cfg.encode_selector)
+                    .map_err(|why| ConfigError::invalid_key("encode_selector", why))?;
+            } else if !cfg.encode_selector.is_empty() {
+                return Err(ConfigError::invalid_key(
+                    "encode_selector",
+                    "picks encode pods, which serve only EPD; start with --epd-disaggregation",
+                ));
             }
             if label_selector(&cfg.prefill_selector) == label_selector(&cfg.decode_selector) {
                 return Err(ConfigError::invalid_key(

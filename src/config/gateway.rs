@@ -66,6 +66,51 @@ impl DiscoveryProvider {
     }
 }
 
+/// `--encode-policy`: how EPD assigns each media item an encode worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum EncodePolicy {
+    Random,
+    RoundRobin,
+    /// By the item's content hash: a repeated image goes to the same encode worker.
+    ConsistentHashing,
+}
+
+impl EncodePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EncodePolicy::Random => "random",
+            EncodePolicy::RoundRobin => "round_robin",
+            EncodePolicy::ConsistentHashing => "consistent_hashing",
+        }
+    }
+}
+
+/// `--mm-processing`: where media for vLLM gRPC workers is fetched and preprocessed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum MmProcessing {
+    /// The worker when its servicer takes media references (it reports an `mm_processor`),
+    /// else the gateway.
+    Auto,
+    /// Always the gateway.
+    Router,
+    /// The engine (vLLM); EPD refuses media in this mode.
+    Worker,
+}
+
+impl MmProcessing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MmProcessing::Auto => "auto",
+            MmProcessing::Router => "router",
+            MmProcessing::Worker => "worker",
+        }
+    }
+}
+
 /// `--cache-index`: the cache_aware index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -120,6 +165,15 @@ pub struct GatewayConfig {
     #[arg(long, help_heading = "PD Disaggregation")]
     pub pd_disaggregation: bool,
 
+    /// Encode-prefill-decode mode (instead of pd_disaggregation): multimodal requests get an
+    /// encode leg per media item on the encode workers (gRPC TokenSpeed only).
+    #[arg(long, help_heading = "PD Disaggregation")]
+    pub epd_disaggregation: bool,
+
+    /// EPD: how each media item is assigned an encode worker.
+    #[arg(long, value_enum, default_value = defaults::ENCODE_POLICY, help_heading = "PD Disaggregation")]
+    pub encode_policy: EncodePolicy,
+
     /// How strictly a prefill and a decode must share a KV transfer protocol: off, lenient or
     /// strict.
     #[arg(long, value_enum, default_value = defaults::PD_PAIRING_MODE, help_heading = "PD Disaggregation")]
@@ -150,6 +204,26 @@ pub struct GatewayConfig {
     /// the model directory's templates.
     #[arg(long, help_heading = "PD Disaggregation")]
     pub chat_template: Option<String>,
+
+    // ---- Multimodal (gRPC path) ------------------------------------------------------------------
+    /// Where media for vLLM gRPC workers is fetched and preprocessed: auto, router or worker.
+    #[arg(long, value_enum, default_value = defaults::MM_PROCESSING, help_heading = "Multimodal")]
+    pub mm_processing: MmProcessing,
+
+    /// Most images one request may carry (unset: 128, SMG's built-in limit).
+    #[arg(long, help_heading = "Multimodal")]
+    pub mm_per_request_image_limit: Option<u32>,
+
+    /// Hosts the gateway fetches client media URLs from, comma-separated (`.example.com`
+    /// also matches subdomains); a redirect elsewhere is refused. Unset: any host the address
+    /// policy passes.
+    #[arg(long, help_heading = "Multimodal")]
+    pub mm_allowed_media_domains: Option<String>,
+
+    /// Allow media URLs that name or resolve to loopback, private or link-local addresses (an
+    /// internal media origin); refused by default.
+    #[arg(long, help_heading = "Multimodal")]
+    pub mm_allow_private_media_hosts: bool,
 
     // ---- Listeners ----------------------------------------------------------------------------
     /// Address of the serving listener.
@@ -556,6 +630,10 @@ pub struct GatewayConfig {
     /// Labels a decode pod carries (`key=value`, all must match).
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE", help_heading = "Service Discovery")]
     pub decode_selector: Vec<String>,
+
+    /// EPD: labels an encode pod carries (`key=value`, all must match).
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE", help_heading = "Service Discovery")]
+    pub encode_selector: Vec<String>,
 
     /// Port of a discovered pod's engine.
     #[arg(long, default_value_t = defaults::SERVICE_DISCOVERY_PORT, help_heading = "Service Discovery")]

@@ -134,6 +134,11 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "URL", action = clap::ArgAction::Append, help_heading = "PD Disaggregation")]
     pub decode: Vec<String>,
 
+    /// EPD encode worker: `--encode URL [BOOTSTRAP_PORT]` (the port prefill reads embeddings
+    /// from; 8998 when omitted). Repeat per worker.
+    #[arg(long, value_name = "URL [PORT]", action = clap::ArgAction::Append, value_parser = parse_startup_worker_arg, help_heading = "PD Disaggregation")]
+    pub encode: Vec<StartupWorkerArg>,
+
     /// Worker threads of the serving runtime (Pingora `threads`; default: all CPUs).
     #[arg(long, help_heading = "Process")]
     pub runtime_worker_threads: Option<usize>,
@@ -161,10 +166,6 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
     use Disposition::{Ignored, Refused};
     &[
         ("worker_urls", Refused, "regular (non-PD) workers are SMG's regular mode; pdgate serves only PD: use --prefill/--decode"),
-        ("epd_disaggregation", Refused, "EPD (encode workers) is not supported; SMG runs it only over gRPC with TokenSpeed"),
-        ("encode", Refused, "EPD (encode workers) is not supported"),
-        ("encode_policy", Refused, "EPD (encode workers) is not supported"),
-        ("encode_selector", Refused, "EPD (encode workers) is not supported; discover prefill and decode pods with --prefill-selector and --decode-selector"),
         ("enable_igw", Refused, "IGW (multi-model, multi-router) mode is not supported; pdgate is a PD router"),
         ("router_selector", Refused, "the HA mesh (router pod discovery) is not supported"),
         ("model_id_from", Refused, "overriding model ids from pod metadata is not supported; discovered workers report their models"),
@@ -225,9 +226,8 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("engine_metrics", Ignored, "engine load gauges come from gRPC load reports"),
         ("kv_indexer_ttl_secs", Ignored, "the event-driven KV indexer is gRPC-only"),
         ("kv_indexer_max_entries", Ignored, "the event-driven KV indexer is gRPC-only"),
-        ("multimodal_tensor_transport", Ignored, "HTTP legs carry media as sent"),
-        ("multimodal_shm_min_bytes", Ignored, "HTTP legs carry media as sent"),
-        ("mm_per_request_image_limit", Ignored, "media limits are the engine's over HTTP"),
+        ("multimodal_tensor_transport", Ignored, "HTTP legs carry media as sent; gRPC legs carry tensors inline"),
+        ("multimodal_shm_min_bytes", Ignored, "HTTP legs carry media as sent; gRPC legs carry tensors inline"),
         ("max_buffered_request_bytes", Ignored, "PD requests are always buffered, up to --max-payload-size"),
         ("stream_body_stall_timeout_secs", Ignored, "PD request bodies are read whole, bounded by --body-read-timeout-secs"),
         ("disable_tokenizer_autoload", Ignored, "gRPC pipeline only"),
@@ -252,14 +252,6 @@ pub(crate) const LAUNCH_ONLY_PROCESS_FLAGS: &[(&str, &str)] = &[
 pub struct SmgOnlyFlags {
     #[arg(long, num_args = 0.., hide = true)]
     worker_urls: Vec<String>,
-    #[arg(long, hide = true)]
-    epd_disaggregation: bool,
-    #[arg(long, action = clap::ArgAction::Append, value_parser = parse_startup_worker_arg, hide = true)]
-    encode: Vec<StartupWorkerArg>,
-    #[arg(long, hide = true)]
-    encode_policy: Option<String>,
-    #[arg(long, num_args = 0.., hide = true)]
-    encode_selector: Vec<String>,
     #[arg(long, hide = true)]
     enable_igw: bool,
     #[arg(long, num_args = 0.., hide = true)]
@@ -388,8 +380,6 @@ pub struct SmgOnlyFlags {
     #[arg(long, hide = true)]
     multimodal_shm_min_bytes: Option<String>,
     #[arg(long, hide = true)]
-    mm_per_request_image_limit: Option<String>,
-    #[arg(long, hide = true)]
     max_buffered_request_bytes: Option<String>,
     #[arg(long, hide = true)]
     stream_body_stall_timeout_secs: Option<String>,
@@ -445,10 +435,6 @@ impl SmgOnlyFlags {
         }
         given!(
             worker_urls,
-            epd_disaggregation,
-            encode,
-            encode_policy,
-            encode_selector,
             enable_igw,
             router_selector,
             model_id_from,
@@ -509,7 +495,6 @@ impl SmgOnlyFlags {
             kv_indexer_max_entries,
             multimodal_tensor_transport,
             multimodal_shm_min_bytes,
-            mm_per_request_image_limit,
             max_buffered_request_bytes,
             stream_body_stall_timeout_secs,
             disable_tokenizer_autoload,
@@ -607,6 +592,11 @@ impl LaunchArgs {
                 format!("--decode {url}"),
                 WorkerSpec::new(url, WorkerType::Decode),
             ));
+        }
+        for arg in self.encode {
+            let mut spec = WorkerSpec::new(arg.url.clone(), WorkerType::Encode);
+            spec.bootstrap_port = arg.bootstrap_port;
+            launch_workers.push((format!("--encode {}", arg.url), spec));
         }
         for (location, spec) in &mut launch_workers {
             spec.api_key = gateway.api_key.clone();

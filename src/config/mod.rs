@@ -35,8 +35,8 @@ pub use discovery::label_selector;
 pub use error::{ConfigError, ConfigErrorKind};
 pub use file::{file_version, load_file, load_workers_file, parse_yaml, FileVersion};
 pub use gateway::{
-    AssignmentMode, CacheIndexKind, DiscoveryProvider, GatewayConfig, LogLevel, PairingMode,
-    PolicyName,
+    AssignmentMode, CacheIndexKind, DiscoveryProvider, EncodePolicy, GatewayConfig, LogLevel,
+    MmProcessing, PairingMode, PolicyName,
 };
 pub use launch::{
     normalize_launch_argv, Disposition, LaunchArgs, SmgOnlyFlags, StartupWorkerArg, SMG_ONLY_FLAGS,
@@ -45,7 +45,7 @@ pub use manifest::parse_manifest;
 pub use net::IpNet;
 pub use otlp::{OtlpEndpoint, OtlpProtocol};
 pub use reload::restart_required;
-pub use validate::validate;
+pub use validate::{validate, validate_worker_for_mode};
 pub use views::{
     BucketSettings, CacheAwareSettings, CircuitBreakerSettings, HealthSettings, LeastLoadSettings,
     OverloadSettings, PrefixHashSettings, RetrySettings, StickySettings, Timeouts,

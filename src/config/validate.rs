@@ -30,12 +30,33 @@ pub(crate) fn validate_with_file_workers(
     cfg: &GatewayConfig,
     file_workers: Option<&[(String, WorkerSpec)]>,
 ) -> Result<(), ConfigError> {
-    if !cfg.pd_disaggregation {
+    if !cfg.pd_disaggregation && !cfg.epd_disaggregation {
         return Err(ConfigError::invalid_key(
             "pd_disaggregation",
             "pdgate serves only prefill/decode disaggregation; set `pd_disaggregation: true` in the \
-             gateway section (or pass --pd-disaggregation to `pdgate launch`)",
+             gateway section (or pass --pd-disaggregation to `pdgate launch`; \
+             --epd-disaggregation for encode workers)",
         ));
+    }
+    if cfg.pd_disaggregation && cfg.epd_disaggregation {
+        return Err(ConfigError::invalid_key(
+            "epd_disaggregation",
+            "is a mode of its own; set either pd_disaggregation or epd_disaggregation",
+        ));
+    }
+    if cfg.mm_per_request_image_limit == Some(0) {
+        return Err(ConfigError::invalid_key(
+            "mm_per_request_image_limit",
+            "is 0; it must be at least 1 (unset keeps the limit of 128)",
+        ));
+    }
+    if let Some(domains) = &cfg.mm_allowed_media_domains {
+        if domains.split(',').all(|d| d.trim().is_empty()) {
+            return Err(ConfigError::invalid_key(
+                "mm_allowed_media_domains",
+                "lists no host; give comma-separated host names or leave it unset",
+            ));
+        }
     }
     validate_listeners(cfg)?;
     validate_ranges(cfg)?;
@@ -56,6 +77,7 @@ pub(crate) fn validate_with_file_workers(
     let workers: Vec<(String, &WorkerSpec)> = inline.chain(from_file).collect();
     for (location, spec) in &workers {
         validate_startup_worker(spec).map_err(|e| e.within(location))?;
+        validate_worker_for_mode(cfg, spec).map_err(|e| e.within(location))?;
     }
     refuse_duplicate_urls(workers.iter().map(|(loc, w)| (loc.as_str(), *w)))?;
 
@@ -148,17 +170,39 @@ fn power_of_two_error(key: &str, leg: &str, have: usize) -> ConfigError {
 pub(crate) fn validate_startup_worker(spec: &WorkerSpec) -> Result<(), ConfigError> {
     spec.validate()?;
     match spec.worker_type {
-        WorkerType::Prefill | WorkerType::Decode => Ok(()),
+        WorkerType::Prefill | WorkerType::Decode | WorkerType::Encode => Ok(()),
         WorkerType::Regular => Err(ConfigError::invalid_at(
             "worker_type",
             "pdgate routes prefill/decode pairs only; set `worker_type: prefill` or `worker_type: decode` \
              (regular workers belong to SMG's non-PD mode)",
         )),
-        WorkerType::Encode => Err(ConfigError::unsupported(
-            "worker_type",
-            "encode workers (EPD) are not supported by pdgate; SMG runs EPD only over gRPC with TokenSpeed",
-        )),
     }
+}
+
+/// The rules of the mode a worker joins (startup, reload and `POST /workers`): encode workers
+/// only in EPD mode, and EPD only over gRPC (SMG refuses to start an EPD router for HTTP
+/// workers; the engine's runtime is checked when the worker registers).
+pub fn validate_worker_for_mode(
+    cfg: &GatewayConfig,
+    spec: &WorkerSpec,
+) -> Result<(), ConfigError> {
+    if spec.worker_type == WorkerType::Encode && !cfg.epd_disaggregation {
+        return Err(ConfigError::invalid_at(
+            "worker_type",
+            "encode workers serve EPD only; start pdgate with --epd-disaggregation \
+             (`epd_disaggregation: true`) instead of --pd-disaggregation",
+        ));
+    }
+    if cfg.epd_disaggregation && !spec.parsed_url()?.scheme.is_grpc() {
+        return Err(ConfigError::unsupported(
+            "url",
+            format!(
+                "EPD runs only over gRPC with TokenSpeed workers; '{}' is not a grpc:// worker",
+                spec.url
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses two workers with the same URL (trailing `/` ignored).

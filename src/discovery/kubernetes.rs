@@ -89,7 +89,11 @@ impl KubernetesDiscovery {
         for (role, words) in [
             (WorkerType::Prefill, &cfg.prefill_selector),
             (WorkerType::Decode, &cfg.decode_selector),
+            (WorkerType::Encode, &cfg.encode_selector),
         ] {
+            if role == WorkerType::Encode && !cfg.epd_disaggregation {
+                continue;
+            }
             roles.push(RoleWatch {
                 role,
                 selector: label_selector(words)
@@ -136,7 +140,7 @@ async fn connect(gw: &Gateway) -> Client {
                     "discovery: no Kubernetes client ({e}); retrying in {}s",
                     delay.as_secs()
                 );
-                for role in [WorkerType::Prefill, WorkerType::Decode] {
+                for role in [WorkerType::Prefill, WorkerType::Decode, WorkerType::Encode] {
                     gw.discovery
                         .failed(role, format!("no Kubernetes client: {e}"));
                 }

@@ -21,7 +21,9 @@ use crate::config::{DiscoveryProvider, WorkerType};
 /// How discovery is doing, per role, for `/readiness` and the logs.
 pub struct DiscoveryStatus {
     provider: Option<DiscoveryProvider>,
-    roles: Mutex<[RoleStatus; 2]>,
+    /// EPD: encode pods are discovered too.
+    encode: bool,
+    roles: Mutex<[RoleStatus; 3]>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -38,12 +40,23 @@ impl DiscoveryStatus {
     pub fn new(provider: Option<DiscoveryProvider>) -> DiscoveryStatus {
         DiscoveryStatus {
             provider,
+            encode: false,
             roles: Mutex::new(Default::default()),
         }
     }
 
+    /// Encode pods are discovered as well (EPD with Kubernetes discovery).
+    pub fn with_encode(mut self, encode: bool) -> DiscoveryStatus {
+        self.encode = encode;
+        self
+    }
+
     fn slot(role: WorkerType) -> usize {
-        usize::from(role == WorkerType::Decode)
+        match role {
+            WorkerType::Decode => 1,
+            WorkerType::Encode => 2,
+            _ => 0,
+        }
     }
 
     fn update(&self, role: WorkerType, f: impl FnOnce(&mut RoleStatus)) {
@@ -70,11 +83,16 @@ impl DiscoveryStatus {
         let roles = self.roles.lock().unwrap_or_else(|e| e.into_inner());
         let role =
             |s: &RoleStatus| json!({"synced": s.synced, "workers": s.workers, "error": s.error});
-        Some(json!({
+        let used = if self.encode { 3 } else { 2 };
+        let mut body = json!({
             "provider": provider.as_str(),
-            "synced": roles.iter().all(|s| s.synced),
+            "synced": roles[..used].iter().all(|s| s.synced),
             "prefill": role(&roles[0]),
             "decode": role(&roles[1]),
-        }))
+        });
+        if self.encode {
+            body["encode"] = role(&roles[2]);
+        }
+        Some(body)
     }
 }

@@ -11,6 +11,8 @@ use crate::config::{GatewayConfig, WorkerSpec, WorkerType};
 #[derive(Clone, Debug)]
 pub struct PodReading {
     pub port: u16,
+    /// EPD fleets are gRPC only: discovered pods are `grpc://` workers.
+    pub grpc: bool,
     pub kv_connector_annotation: String,
     pub kv_engine_id_annotation: String,
 }
@@ -19,6 +21,7 @@ impl PodReading {
     pub fn from_config(cfg: &GatewayConfig) -> PodReading {
         PodReading {
             port: cfg.service_discovery_port,
+            grpc: cfg.epd_disaggregation,
             kv_connector_annotation: cfg.kv_connector_annotation.clone(),
             kv_engine_id_annotation: cfg.kv_engine_id_annotation.clone(),
         }
@@ -74,10 +77,14 @@ pub fn worker_spec(pod: &Pod, role: WorkerType, reading: &PodReading) -> Option<
             .filter(|v| !v.is_empty())
     };
     let mut body = serde_json::json!({
-        "url": format!("http://{host}:{}", reading.port),
+        "url": format!(
+            "{}://{host}:{}",
+            if reading.grpc { "grpc" } else { "http" },
+            reading.port
+        ),
         "worker_type": role.as_str(),
     });
-    if role == WorkerType::Prefill {
+    if matches!(role, WorkerType::Prefill | WorkerType::Encode) {
         if let Some(port) = annotation(BOOTSTRAP_PORT_ANNOTATION) {
             match port.parse::<u16>() {
                 Ok(p) if p > 0 => body["bootstrap_port"] = p.into(),
