@@ -60,6 +60,10 @@ pub struct Settings {
     pub link_canary_interval: Duration,
     /// `None`: CORS off (no origin configured).
     pub cors: Option<crate::proxy::cors::CorsPolicy>,
+    /// What the gateway fetches client media from (gRPC multimodal).
+    pub media_policy: pdgate_media::FetchPolicy,
+    /// The fetcher of `media_policy`, built on the first image a request brings.
+    media_fetcher: std::sync::OnceLock<pdgate_media::Fetcher>,
 }
 
 /// The backoff before attempt `k + 1` (k from 0): the config's base delay ± jitter.
@@ -102,6 +106,15 @@ impl Settings {
             link_canary_interval: Duration::from_secs(cfg.link_canary_interval_secs),
             capacity_window: Duration::from_secs(cfg.capacity_window_secs),
             cors: crate::proxy::cors::CorsPolicy::from_config(&cfg.cors_allowed_origins),
+            media_policy: pdgate_media::FetchPolicy {
+                allowed_domains: cfg
+                    .mm_allowed_media_domains
+                    .as_deref()
+                    .map(pdgate_media::FetchPolicy::parse_domains),
+                allow_private: cfg.mm_allow_private_media_hosts,
+                ..pdgate_media::FetchPolicy::default()
+            },
+            media_fetcher: std::sync::OnceLock::new(),
         }
     }
 }
@@ -213,6 +226,19 @@ impl Gateway {
     }
 
     /// The config the current settings came from.
+    /// The media policy in effect (gRPC multimodal).
+    pub fn media_policy(&self) -> pdgate_media::FetchPolicy {
+        self.settings().media_policy.clone()
+    }
+
+    /// The fetcher of the media policy in effect (one per configuration).
+    pub fn media_fetcher(&self) -> pdgate_media::Fetcher {
+        let s = self.settings();
+        s.media_fetcher
+            .get_or_init(|| pdgate_media::Fetcher::new(s.media_policy.clone()))
+            .clone()
+    }
+
     pub fn config(&self) -> Arc<GatewayConfig> {
         self.config.load_full()
     }

@@ -6,18 +6,30 @@
 //! startup, so a bad directory stops the gateway with the file and the reason — else the
 //! tokenizer or model path the prefill worker reported, when that directory exists on this
 //! host (loaded on first use, off the reactor, and kept). No hub downloads: pdgate runs offline.
+//! Vision models' image processors come from the same directory (`preprocessor_config.json`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use pdgate_mm::ImageProcessor;
 use pdgate_tokenize::{ModelSource, Tokenizer};
+
+/// A vision model's image processor and the prompt token it expands per image.
+pub struct Vision {
+    pub processor: ImageProcessor,
+    pub image_token_id: u32,
+}
 
 use crate::config::GatewayConfig;
 
 pub struct Models {
     /// The tokenizer of `--model-path` / `--tokenizer-path`, when configured.
     configured: Option<Arc<Tokenizer>>,
+    /// `--model-path`: where the image processor (`preprocessor_config.json`) is read from.
+    model_path: Option<PathBuf>,
+    /// Image processors by model directory (`None`: the directory has none), read on first use.
+    vision: Mutex<HashMap<PathBuf, Option<Arc<Vision>>>>,
     /// `--chat-template`, applied to tokenizers loaded from workers' paths too.
     chat_template: Option<PathBuf>,
     /// Tokenizers loaded from workers' reported paths, by path.
@@ -54,6 +66,8 @@ impl Models {
         };
         Ok(Models {
             configured,
+            model_path: cfg.model_path.as_ref().map(PathBuf::from),
+            vision: Mutex::new(HashMap::new()),
             chat_template,
             by_path: Mutex::new(HashMap::new()),
         })
@@ -63,9 +77,70 @@ impl Models {
     pub fn none() -> Models {
         Models {
             configured: None,
+            model_path: None,
+            vision: Mutex::new(HashMap::new()),
             chat_template: None,
             by_path: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The image processor of the request's model: `--model-path`'s, else the directory the
+    /// prefill worker reported (read off the reactor on first use, then kept). `Ok(None)`: the
+    /// model directory has no `preprocessor_config.json` (a text model). The placeholder id
+    /// comes from `config.json`, else from `tokenizer`'s vocabulary.
+    pub async fn vision(
+        &self,
+        tokenizer: &Tokenizer,
+        worker_path: Option<&Path>,
+    ) -> Result<Option<Arc<Vision>>, String> {
+        let Some(dir) = self.model_path.as_deref().or(worker_path) else {
+            return Ok(None);
+        };
+        let dir = if dir.is_file() {
+            dir.parent().unwrap_or(dir)
+        } else {
+            dir
+        };
+        if let Some(v) = self
+            .vision
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(dir)
+        {
+            return Ok(v.clone());
+        }
+        let owned = dir.to_path_buf();
+        let loaded = tokio::task::spawn_blocking(move || ImageProcessor::from_model_dir(&owned))
+            .await
+            .map_err(|e| format!("loading the image processor: {e}"))?
+            .map_err(|e| {
+                format!(
+                    "the image processor of {} does not load: {e}",
+                    dir.display()
+                )
+            })?;
+        let vision = match loaded {
+            None => None,
+            Some(processor) => {
+                let token = processor
+                    .image_token_id()
+                    .or_else(|| tokenizer.token_to_id(processor.image_token_text()))
+                    .ok_or_else(|| {
+                        format!(
+                            "the model in {} has an image processor but no image token ({} is \
+                             neither in config.json nor in the tokenizer)",
+                            dir.display(),
+                            processor.image_token_text()
+                        )
+                    })?;
+                Some(Arc::new(Vision {
+                    processor,
+                    image_token_id: token,
+                }))
+            }
+        };
+        let mut map = self.vision.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(map.entry(dir.to_path_buf()).or_insert(vision).clone())
     }
 
     /// The tokenizer for a request served by a worker that reported `worker_path` (its

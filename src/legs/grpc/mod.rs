@@ -10,6 +10,7 @@
 pub mod build;
 pub mod engine;
 pub mod leg;
+pub mod media;
 pub mod parallel;
 pub mod prepare;
 pub mod relay;

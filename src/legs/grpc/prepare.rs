@@ -33,6 +33,9 @@ pub struct Prepared {
     pub single_token_stops: Vec<u32>,
     /// Unix seconds the response reports as `created`.
     pub created: u64,
+    /// The request's images (chat and messages routes), placeholders already expanded in
+    /// `prompt_ids`.
+    pub media: Option<Arc<super::media::Media>>,
 }
 
 /// Converts and tokenizes `req` for `pair` (its prefill's reported tokenizer path is the
@@ -45,6 +48,7 @@ pub async fn prepare(gw: &Gateway, req: &PdRequest, pair: &Pair) -> Result<Arc<P
         .tokenizer(pair.prefill.tokenizer_source().as_deref())
         .await
         .map_err(|why| Reply::error(ErrorCode::TokenizerUnavailable, why))?;
+    let mut media = None;
     let (prompt_text, prompt_ids) = match &gen.input {
         Input::Chat(chat) => {
             let kwargs = template_kwargs(chat.chat_template_kwargs.as_ref(), chat.thinking);
@@ -69,7 +73,11 @@ pub async fn prepare(gw: &Gateway, req: &PdRequest, pair: &Pair) -> Result<Arc<P
                     )
                 })?;
             // The template already wrote the special tokens (BOS and turn markers).
-            let ids = encode(&tokenizer, text.clone(), false).await?;
+            let mut ids = encode(&tokenizer, text.clone(), false).await?;
+            if !chat.media.is_empty() {
+                media =
+                    Some(super::media::prepare(gw, pair, &chat.media, &mut ids, &tokenizer).await?);
+            }
             (text, ids)
         }
         Input::Prompts { prompts, .. } => match prompts.as_slice() {
@@ -110,6 +118,7 @@ pub async fn prepare(gw: &Gateway, req: &PdRequest, pair: &Pair) -> Result<Arc<P
         prompt_text,
         single_token_stops,
         created,
+        media,
     }))
 }
 
