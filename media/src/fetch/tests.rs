@@ -418,6 +418,36 @@ async fn allowed_domains_bind_the_first_hop_and_every_redirect() {
 }
 
 #[tokio::test]
+async fn https_connects_to_the_resolved_address_with_the_url_host_as_sni() {
+    // A listener that reads the ClientHello (whose server_name extension is plaintext) and
+    // hangs up: no certificate tooling is needed to see which name the client asked for.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hello = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut bytes = vec![0u8; 4096];
+        let n = stream.read(&mut bytes).await.unwrap();
+        bytes.truncate(n);
+        bytes
+    });
+    let resolver = Arc::new(TestResolver::default().with("images.media.test", &[addr]));
+    let err = Fetcher::with_resolver(open_policy(), resolver)
+        .fetch("https://images.media.test/cat.png")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, MediaError::Fetch(m) if m.contains("TLS")),
+        "{err}"
+    );
+    let hello = hello.await.unwrap();
+    assert_eq!(hello.first(), Some(&0x16), "a TLS handshake record");
+    assert!(
+        hello.windows(17).any(|w| w == b"images.media.test"),
+        "the ClientHello names the URL's host"
+    );
+}
+
+#[tokio::test]
 async fn data_urls_are_decoded_without_io() {
     let fetcher = Fetcher::new(FetchPolicy {
         max_bytes: 4,
