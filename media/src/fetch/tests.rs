@@ -288,6 +288,15 @@ async fn redirect_loop_fails_after_max_redirects() {
     assert_eq!(server.request_heads().len(), 4);
 }
 
+/// Fetches `/media` from `server` with private hosts allowed and `max_bytes` set.
+async fn fetch_with_limit(server: &TestServer, max_bytes: usize) -> Result<Media, MediaError> {
+    let policy = FetchPolicy {
+        max_bytes,
+        ..open_policy()
+    };
+    Fetcher::new(policy).fetch(&server.url("/media")).await
+}
+
 #[tokio::test]
 async fn announced_content_length_over_the_limit_is_refused_before_the_body() {
     // The server announces 1000 bytes and never sends them: only a refusal on the header alone
@@ -296,14 +305,7 @@ async fn announced_content_length_over_the_limit_is_refused_before_the_body() {
         Reply::ThenHang(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n".to_vec())
     })
     .await;
-    let policy = FetchPolicy {
-        max_bytes: 100,
-        ..open_policy()
-    };
-    let err = Fetcher::new(policy)
-        .fetch(&server.url("/big"))
-        .await
-        .unwrap_err();
+    let err = fetch_with_limit(&server, 100).await.unwrap_err();
     assert_eq!(err, MediaError::TooLarge { limit: 100 });
 }
 
@@ -311,25 +313,14 @@ async fn announced_content_length_over_the_limit_is_refused_before_the_body() {
 async fn streamed_body_over_the_limit_is_cut() {
     let chunk = [7u8; 64];
     let server = TestServer::start(move |_| chunked(&[&chunk, &chunk, &chunk])).await;
-    let policy = FetchPolicy {
-        max_bytes: 100,
-        ..open_policy()
-    };
-    let err = Fetcher::new(policy)
-        .fetch(&server.url("/big"))
-        .await
-        .unwrap_err();
+    let err = fetch_with_limit(&server, 100).await.unwrap_err();
     assert_eq!(err, MediaError::TooLarge { limit: 100 });
 }
 
 #[tokio::test]
 async fn body_exactly_at_the_limit_is_accepted() {
     let server = TestServer::start(|_| ok(&[1u8; 100], "image/png")).await;
-    let policy = FetchPolicy {
-        max_bytes: 100,
-        ..open_policy()
-    };
-    let media = Fetcher::new(policy).fetch(&server.url("/")).await.unwrap();
+    let media = fetch_with_limit(&server, 100).await.unwrap();
     assert_eq!(media.bytes.len(), 100);
 }
 
