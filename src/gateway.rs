@@ -110,7 +110,7 @@ impl Settings {
                 allowed_domains: cfg
                     .mm_allowed_media_domains
                     .as_deref()
-                    .map(pdgate_media::FetchPolicy::parse_domains),
+                    .and_then(|d| pdgate_media::FetchPolicy::parse_domains(d).ok()),
                 allow_private: cfg.mm_allow_private_media_hosts,
                 ..pdgate_media::FetchPolicy::default()
             },
@@ -185,6 +185,8 @@ pub struct Gateway {
     pub capacity: crate::capacity::Capacity,
     /// How service discovery is doing (`/readiness`); empty without discovery.
     pub discovery: crate::discovery::DiscoveryStatus,
+    /// EPD: the encode policy's state.
+    pub encoders: crate::workers::encode::EncodePicker,
 }
 
 impl Gateway {
@@ -212,6 +214,7 @@ impl Gateway {
             model_labels: ModelLabels::new(),
             ledger: Ledger::new(),
             reload_lock: tokio::sync::Mutex::new(()),
+            encoders: Default::default(),
             models,
             limiter: ArcSwapOption::new(limiter),
             canary_secret: uuid::Uuid::new_v4().simple().to_string(),

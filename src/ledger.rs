@@ -22,6 +22,9 @@ pub enum Kind {
     Room,
     /// Mooncake / MoRI-IO transfer id.
     TransferId,
+    /// EPD: one media item's encode → prefill room (`prefill` holds the encode worker,
+    /// `decode` the prefill that receives the embedding).
+    EncodeRoom,
 }
 
 impl Kind {
@@ -29,6 +32,7 @@ impl Kind {
         match self {
             Kind::Room => "bootstrap_room",
             Kind::TransferId => "transfer_id",
+            Kind::EncodeRoom => "encode_room",
         }
     }
 }
@@ -128,14 +132,20 @@ impl Ledger {
         let items: Vec<Value> = list
             .iter()
             .map(|e| {
-                json!({
+                // An encode room runs from an encode worker to a prefill.
+                let (from, to) = match e.kind {
+                    Kind::EncodeRoom => ("encode", "prefill"),
+                    _ => ("prefill", "decode"),
+                };
+                let mut v = json!({
                     "kind": e.kind.as_str(),
                     "id": e.id,
                     "request_id": e.request_id,
-                    "prefill": e.prefill,
-                    "decode": e.decode,
                     "age_seconds": e.since.elapsed().as_secs_f64(),
-                })
+                });
+                v[from] = json!(e.prefill);
+                v[to] = json!(e.decode);
+                v
             })
             .collect();
         json!({"open": items.len(), "handoffs": items})

@@ -51,12 +51,8 @@ pub(crate) fn validate_with_file_workers(
         ));
     }
     if let Some(domains) = &cfg.mm_allowed_media_domains {
-        if domains.split(',').all(|d| d.trim().is_empty()) {
-            return Err(ConfigError::invalid_key(
-                "mm_allowed_media_domains",
-                "lists no host; give comma-separated host names or leave it unset",
-            ));
-        }
+        pdgate_media::FetchPolicy::parse_domains(domains)
+            .map_err(|why| ConfigError::invalid_key("mm_allowed_media_domains", why))?;
     }
     validate_listeners(cfg)?;
     validate_ranges(cfg)?;

@@ -449,4 +449,9 @@ impl PdLabels {
     pub fn as_array(&self) -> [&str; 3] {
         [BACKEND_PD, &self.model, self.runtime]
     }
+
+    /// The request's `model` label.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
 }

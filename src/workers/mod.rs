@@ -14,6 +14,7 @@ pub mod pairing;
 pub mod registry;
 pub mod select;
 pub mod worker;
+pub mod encode;
 
 pub use registry::{Registry, Snapshot};
 pub use worker::{InFlight, Status, Worker, WorkerAddress};

@@ -16,6 +16,8 @@ use pdgate_convert::{Constraint, SamplingParams};
 use pdgate_proto::{sglang, tokenspeed, vllm};
 
 use super::engine::GenerateRequest;
+use super::media::Processing;
+use super::mm_inputs::{self, MediaLeg};
 use super::prepare::Prepared;
 
 /// SGLang's sampling defaults for fields the client left out.
@@ -33,6 +35,8 @@ pub struct LegSpec<'a> {
     /// The sample this leg carries when `n > 1` fans out (0 otherwise): TokenSpeed's pinned
     /// seed is offset by it, so samples differ.
     pub sample: u32,
+    /// What the leg carries of the request's images (nothing without images).
+    pub media: MediaLeg<'a>,
 }
 
 /// The rendezvous of a parallel (SGLang / TokenSpeed) pair.
@@ -104,6 +108,7 @@ pub fn sglang(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Generat
         }),
         data_parallel_rank: leg.dp_rank,
         stream: leg.stream,
+        mm_inputs: p.media.as_ref().map(|m| mm_inputs::sglang(m, leg.media)),
         ..Default::default()
     }))
 }
@@ -166,6 +171,13 @@ pub fn tokenspeed(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Gen
             bootstrap_room: bootstrap.room as i64,
         }),
         data_parallel_rank: leg.dp_rank,
+        mm_inputs: p.media.as_ref().map(|m| mm_inputs::tokenspeed(m, leg.media)),
+        encode_bootstrap_info: match leg.media {
+            MediaLeg::Encoded(rvs) if p.media.is_some() => {
+                Some(mm_inputs::tokenspeed_encode_info(rvs))
+            }
+            _ => None,
+        },
         ..Default::default()
     }))
 }
@@ -182,15 +194,34 @@ pub enum VllmHandoff {
     },
 }
 
-/// The vLLM decode leg (the client's request) with its handoff.
-pub fn vllm_decode(p: &Prepared, leg: &LegSpec<'_>, handoff: VllmHandoff) -> GenerateRequest {
+/// The vLLM decode leg (the client's request) with its handoff. `identity`: what the prefill
+/// learned processing the request's media itself (its expanded prompt and pixel-less inputs),
+/// which the decode takes instead of the gateway's prompt.
+pub fn vllm_decode(
+    p: &Prepared,
+    leg: &LegSpec<'_>,
+    handoff: VllmHandoff,
+    identity: Option<&vllm::MediaIdentity>,
+) -> GenerateRequest {
     let s = &p.gen.sampling;
-    vllm_request(
+    let mut req = vllm_request(
         p,
         leg,
         vllm_sampling(s, p.gen.logprobs.map(|l| l.top_logprobs)),
         handoff,
-    )
+    );
+    if let (Some(id), GenerateRequest::Vllm(r)) = (identity, &mut req) {
+        r.input = Some(vllm::generate_request::Input::Tokenized(
+            vllm::TokenizedInput {
+                original_text: String::new(),
+                input_ids: id.prompt_token_ids.clone(),
+            },
+        ));
+        r.media_refs = None;
+        r.mm_inputs = id.mm_inputs.clone();
+        r.extra_mm_inputs = id.extra_mm_inputs.clone();
+    }
+    req
 }
 
 /// The vLLM prefill leg: one token, one sample, no stops, EOS ignored, not streamed, tagged
@@ -232,6 +263,16 @@ fn vllm_request(
             }),
         ),
     };
+    let (mm_inputs, media_refs) = match &p.media {
+        None => (None, None),
+        Some(m) if m.processing == Processing::WorkerRefs => (
+            None,
+            // The worker processes the media where it runs the vision tower; a decode served
+            // by the handoff takes the prefill's media identity instead (`vllm_decode`).
+            matches!(leg.media, MediaLeg::Pixels).then(|| mm_inputs::vllm_media_refs(m)),
+        ),
+        Some(m) => (Some(mm_inputs::vllm(m, leg.media)), None),
+    };
     GenerateRequest::Vllm(Box::new(vllm::GenerateRequest {
         request_id: leg.request_id.to_string(),
         input: Some(vllm::generate_request::Input::Tokenized(
@@ -245,6 +286,8 @@ fn vllm_request(
         kv_transfer_params: legacy,
         kv_transfer_params_json: json,
         data_parallel_rank: leg.dp_rank,
+        mm_inputs,
+        media_refs,
         ..Default::default()
     }))
 }

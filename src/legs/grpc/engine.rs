@@ -86,6 +86,9 @@ pub struct Complete {
     pub logprobs: Option<OutputLogprobs>,
     /// vLLM: the handoff a prefill returns (`None` when absent or empty).
     pub kv_transfer_params_json: Option<String>,
+    /// vLLM: what a prefill learned processing the request's media itself (worker-side
+    /// multimodal processing), for the decode.
+    pub media_identity: Option<Box<pdgate_proto::vllm::MediaIdentity>>,
 }
 
 /// One response message.
@@ -262,7 +265,7 @@ macro_rules! logprobs_of {
 /// One engine's response message → [`Message`]. The engines' types differ only in module and
 /// in where vLLM's handoff lives, so one body serves all three.
 macro_rules! engine_msg {
-    ($name:ident, $m:ident, |$c:ident| $kv:expr) => {
+    ($name:ident, $m:ident, |$c:ident| $kv:expr, $identity:expr) => {
         fn $name(r: $m::generate_response::Response) -> Message {
             use $m::generate_complete::MatchedStop;
             use $m::generate_response::Response;
@@ -278,6 +281,7 @@ macro_rules! engine_msg {
                 Response::Complete($c) => Message::Complete(Complete {
                     index: $c.index,
                     kv_transfer_params_json: $kv,
+                    media_identity: $identity,
                     output_ids: $c.output_ids,
                     finish_reason: $c.finish_reason,
                     matched: $c.matched_stop.map(|m| match m {
@@ -294,9 +298,13 @@ macro_rules! engine_msg {
     };
 }
 
-engine_msg!(sglang_msg, sglang, |c| None);
-engine_msg!(tokenspeed_msg, tokenspeed, |c| None);
-// vLLM returns the prefill's handoff; an empty string counts as absent (digest §1.4).
-engine_msg!(vllm_msg, vllm, |c| c
-    .kv_transfer_params_json
-    .filter(|j| !j.trim().is_empty()));
+engine_msg!(sglang_msg, sglang, |c| None, None);
+engine_msg!(tokenspeed_msg, tokenspeed, |c| None, None);
+// vLLM returns the prefill's handoff (an empty string counts as absent, digest §1.4) and, with
+// worker-side media processing, the media identity.
+engine_msg!(
+    vllm_msg,
+    vllm,
+    |c| c.kv_transfer_params_json.filter(|j| !j.trim().is_empty()),
+    c.media_identity.map(Box::new)
+);

@@ -280,3 +280,49 @@ fn fetch_refused(e: MediaError) -> Reply {
 fn invalid_media(e: MmError) -> Reply {
     Reply::error(ErrorCode::InvalidMedia, format!("image: {e}"))
 }
+
+/// A vLLM worker started with `--language-model-only`: it reports no vision support (its
+/// servicer's `supports_vision`), so it takes token ids, the handoff and image hashes only.
+pub fn language_model_only(w: &crate::workers::Worker) -> bool {
+    w.label("supports_vision") == Some("false")
+}
+
+/// What a language-model-only vLLM decode cannot serve (spec "Multimodal Requests"), checked
+/// before any leg goes out. `n`: the samples the client asked for.
+pub fn check_language_model_only_decode(
+    media: &Media,
+    decode: &crate::workers::Worker,
+    n: u32,
+) -> Result<(), Reply> {
+    if Engine::of(decode.runtime()) != Some(Engine::Vllm) || !language_model_only(decode) {
+        return Ok(());
+    }
+    let (code, why) = if n > 1 {
+        (
+            ErrorCode::PdDecodeLanguageModelOnlyNSamples,
+            "n>1 parallel sampling of a multimodal prompt recomputes it on the decode leg, which \
+             a decode worker running with --language-model-only cannot do; add a decode worker \
+             with the vision encoder enabled",
+        )
+    } else if media.processing == Processing::WorkerRefs {
+        (
+            ErrorCode::PdDecodeLanguageModelOnlyMediaRefs,
+            "a decode worker running with --language-model-only cannot expand media references; \
+             add a decode worker with the vision encoder or use gateway-side processing \
+             (--mm-processing router)",
+        )
+    } else if media.mrope {
+        (
+            ErrorCode::PdDecodeLanguageModelOnlyMrope,
+            "the decode leg of this M-RoPE model needs the image grid tensors, which a decode \
+             worker running with --language-model-only cannot take; add a decode worker with \
+             the vision encoder enabled for this model",
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Reply::error(
+        code,
+        format!("no decode worker with a vision encoder is paired for this model ({}): {why}", decode.url()),
+    ))
+}

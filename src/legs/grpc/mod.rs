@@ -8,9 +8,11 @@
 //! stops, the route's JSON or SSE).
 
 pub mod build;
+pub mod encode;
 pub mod engine;
 pub mod leg;
 pub mod media;
+pub mod mm_inputs;
 pub mod parallel;
 pub mod prepare;
 pub mod relay;
@@ -87,6 +89,22 @@ pub async fn attempt(
             }
         }
     };
+    if let Some(m) = &p.media {
+        if gw.config().epd_disaggregation && engine != Engine::TokenSpeed {
+            return Attempt::Refused(Reply::error(
+                ErrorCode::MultimodalNotSupported,
+                format!(
+                    "EPD serves media on TokenSpeed workers only; the selected pair runs {}",
+                    runtime.as_str()
+                ),
+            ));
+        }
+        if let Err(reply) =
+            media::check_language_model_only_decode(m, &pair.decode, p.gen.sampling.n.max(1))
+        {
+            return Attempt::Refused(reply);
+        }
+    }
     // Context length: the smaller window of the two legs (a leg that reports none is not
     // checked), before any leg goes out.
     let window = [pair.prefill.context_length(), pair.decode.context_length()]

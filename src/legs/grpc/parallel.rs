@@ -20,6 +20,8 @@ use pdgate_filters::errors::ErrorCode;
 use pingora::proxy::Session;
 
 use super::build::{self, Bootstrap, LegSpec};
+use super::encode::{self, EncodeCall};
+use super::mm_inputs::MediaLeg;
 use super::engine::{Engine, Message};
 use super::leg::GrpcLeg;
 use super::prepare::Prepared;
@@ -35,12 +37,13 @@ use crate::reply::Reply;
 use crate::trace::{self, LegFacts, LegRole, LegTransport};
 use crate::workers::admission::Slots;
 
-/// One sample's pair of legs.
+/// One sample's pair of legs (and, in EPD, its encode calls).
 struct Sample {
     prefill: GrpcLeg,
     decode: GrpcLeg,
     handoff: Arc<Handoff>,
     prefill_done: bool,
+    encodes: Vec<EncodeCall>,
 }
 
 pub async fn attempt(
@@ -66,6 +69,15 @@ pub async fn attempt(
     let prefill_in_flight = pair.prefill.track(legs.keyed());
     let decode_in_flight = pair.decode.track(legs.keyed());
     let mut samples: Vec<Sample> = Vec::with_capacity(n as usize);
+    let epd = gw.config().epd_disaggregation;
+    let fail_all = |samples: &[Sample]| {
+        for s in samples {
+            s.handoff.failed();
+            for e in &s.encodes {
+                e.handoff.failed();
+            }
+        }
+    };
     for i in 0..n {
         let room = mint_room(engine, legs.prefill_dp());
         if i == 0 {
@@ -95,16 +107,44 @@ pub async fn attempt(
         } else {
             format!("{attempt_id}-{i}")
         };
-        let leg = |stream, dp_rank| LegSpec {
+        // EPD: the items' encoders and rooms; the prefill gets the rendezvous, not pixels.
+        let epd = match (&p.media, epd) {
+            (Some(m), true) => match encode::plan(
+                gw,
+                m,
+                &request_id,
+                &ctx.request_id,
+                &pair.prefill,
+                legs.labels().model(),
+            ) {
+                Ok(plan) => Some(plan),
+                Err(reply) => {
+                    fail_all(&samples);
+                    handoff.failed();
+                    return Attempt::Refused(reply);
+                }
+            },
+            _ => None,
+        };
+        let leg = |stream, dp_rank, media| LegSpec {
             request_id: &request_id,
             stream,
             dp_rank,
             sample: i,
+            media,
         };
-        let prefill_req = build(p, &leg(false, legs.dp_rank(&pair.prefill)), &bootstrap);
+        let prefill_media = match &epd {
+            Some(plan) => MediaLeg::Encoded(&plan.rendezvous),
+            None => MediaLeg::Pixels,
+        };
+        let prefill_req = build(
+            p,
+            &leg(false, legs.dp_rank(&pair.prefill), prefill_media),
+            &bootstrap,
+        );
         let decode_req = build(
             p,
-            &leg(p.gen.stream, legs.dp_rank(&pair.decode)),
+            &leg(p.gen.stream, legs.dp_rank(&pair.decode), MediaLeg::Metadata),
             &bootstrap,
         );
         log::debug!(
@@ -145,13 +185,9 @@ pub async fn attempt(
             .holding(sample_slots),
             handoff,
             prefill_done: false,
+            encodes: epd.map(|plan| plan.calls).unwrap_or_default(),
         });
     }
-    let fail_all = |samples: &[Sample]| {
-        for s in samples {
-            s.handoff.failed();
-        }
-    };
     // A non-streamed decode answers only when it is done.
     let open_deadline = tokio::time::Instant::now()
         + if p.gen.stream {
@@ -165,7 +201,9 @@ pub async fn attempt(
     }
     // Every decode produced output, so its KV arrived; let the prefills end on their own.
     let mut decodes = Vec::with_capacity(samples.len());
-    for sample in samples {
+    for mut sample in samples {
+        // The decode has its KV, so the prefill had every embedding: the encode rooms are done.
+        sample.encodes.clear();
         if sample.prefill_done {
             drop(sample.handoff);
         } else {
@@ -205,6 +243,19 @@ async fn open_all(
     let total = samples.len();
     let mut decodes = FuturesUnordered::new();
     let mut prefills = FuturesUnordered::new();
+    let mut encodes = FuturesUnordered::new();
+    for s in samples.iter_mut() {
+        for call in &mut s.encodes {
+            let Some(request) = call.request.take() else {
+                continue;
+            };
+            let worker = call.worker.clone();
+            encodes.push(async move {
+                let result = encode::run(worker.clone(), request).await;
+                (worker, result)
+            });
+        }
+    }
     for (i, s) in samples.iter_mut().enumerate() {
         let decode = &mut s.decode;
         decodes.push(async move { decode.opened().await });
@@ -255,6 +306,15 @@ async fn open_all(
                 }
                 None => {}
             },
+            e = encodes.next(), if !encodes.is_empty() => match e {
+                Some((worker, Err(status))) => {
+                    let reply = encode::encode_failed(&worker, &status);
+                    worker.record_leg(Some(reply.status));
+                    break Err(Attempt::Refused(reply));
+                }
+                Some((worker, Ok(()))) => worker.record_leg(Some(200)),
+                None => {}
+            },
             _ = tokio::time::sleep_until(deadline) => {
                 pair.decode.record_leg(None);
                 break Err(Attempt::Refused(
@@ -267,6 +327,7 @@ async fn open_all(
     };
     drop(decodes);
     drop(prefills);
+    drop(encodes);
     for i in done {
         samples[i].prefill_done = true;
     }

@@ -16,6 +16,8 @@ use pingora::proxy::Session;
 use super::build::{self, LegSpec, VllmHandoff};
 use super::engine::{Engine, Message};
 use super::leg::GrpcLeg;
+use super::media::{language_model_only, Processing};
+use super::mm_inputs::MediaLeg;
 use super::prepare::Prepared;
 use super::relay::Source;
 use super::{leg_failed_to_start, relay_open_decode, stream_failed, Legs};
@@ -125,6 +127,7 @@ pub async fn attempt(
             stream: false,
             dp_rank: legs.dp_rank(&pair.prefill),
             sample: 0,
+            media: MediaLeg::Pixels,
         },
         prefill_tag,
     );
@@ -145,6 +148,7 @@ pub async fn attempt(
     );
     let prefill_deadline = tokio::time::Instant::now() + s.prefill_head_timeout;
     let mut returned: Option<String> = None;
+    let mut identity = None;
     loop {
         let m = tokio::select! {
             m = prefill.next() => m,
@@ -158,7 +162,10 @@ pub async fn attempt(
             }
         };
         match m {
-            Ok(Some(Message::Complete(c))) => returned = c.kv_transfer_params_json,
+            Ok(Some(Message::Complete(c))) => {
+                returned = c.kv_transfer_params_json;
+                identity = c.media_identity;
+            }
             Ok(Some(Message::Chunk(_))) => {}
             Ok(None) => break,
             Err(status) => {
@@ -235,7 +242,27 @@ pub async fn attempt(
         },
     };
 
-    // 3. The decode leg.
+    // 3. The decode leg: with the handoff it needs no pixels (a language-model-only decode
+    // only the images' hashes); n > 1 computes the prompt itself, so it gets the media.
+    let worker_refs = p
+        .media
+        .as_ref()
+        .is_some_and(|m| m.processing == Processing::WorkerRefs);
+    if worker_refs && !samples && identity.is_none() {
+        log::warn!(
+            "request {} vLLM prefill {} returned no media identity; the decode leg processes \
+             the media again",
+            ctx.request_id,
+            pair.prefill.url()
+        );
+    }
+    let media = if samples || (worker_refs && identity.is_none()) {
+        MediaLeg::Pixels
+    } else if language_model_only(&pair.decode) {
+        MediaLeg::HashesOnly
+    } else {
+        MediaLeg::Metadata
+    };
     let decode_in_flight = pair.decode.track(legs.keyed());
     let decode_req = build::vllm_decode(
         p,
@@ -244,8 +271,10 @@ pub async fn attempt(
             stream: p.gen.stream,
             dp_rank: legs.dp_rank(&pair.decode),
             sample: 0,
+            media,
         },
         decode_handoff,
+        if samples { None } else { identity.as_deref() },
     );
     let mut decode = GrpcLeg::start(
         pair.decode.clone(),
