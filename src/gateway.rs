@@ -62,8 +62,8 @@ pub struct Settings {
     pub cors: Option<crate::proxy::cors::CorsPolicy>,
     /// What the gateway fetches client media from (gRPC multimodal).
     pub media_policy: pdgate_media::FetchPolicy,
-    /// The fetcher of `media_policy`, built on the first image a request brings.
-    media_fetcher: std::sync::OnceLock<pdgate_media::Fetcher>,
+    /// The fetcher of `media_policy` (cheap: TLS roots load on the first https fetch).
+    media_fetcher: pdgate_media::Fetcher,
 }
 
 /// The backoff before attempt `k + 1` (k from 0): the config's base delay ± jitter.
@@ -77,6 +77,14 @@ pub fn jittered_backoff(retry: &RetrySettings, k: u32) -> Duration {
 impl Settings {
     pub fn from_config(cfg: &GatewayConfig) -> Settings {
         let t = cfg.timeouts();
+        let media_policy = pdgate_media::FetchPolicy {
+            allowed_domains: cfg
+                .mm_allowed_media_domains
+                .as_deref()
+                .and_then(|d| pdgate_media::FetchPolicy::parse_domains(d).ok()),
+            allow_private: cfg.mm_allow_private_media_hosts,
+            ..pdgate_media::FetchPolicy::default()
+        };
         Settings {
             max_payload_size: cfg.max_payload_size,
             body_read_timeout: t.body_read,
@@ -106,15 +114,8 @@ impl Settings {
             link_canary_interval: Duration::from_secs(cfg.link_canary_interval_secs),
             capacity_window: Duration::from_secs(cfg.capacity_window_secs),
             cors: crate::proxy::cors::CorsPolicy::from_config(&cfg.cors_allowed_origins),
-            media_policy: pdgate_media::FetchPolicy {
-                allowed_domains: cfg
-                    .mm_allowed_media_domains
-                    .as_deref()
-                    .and_then(|d| pdgate_media::FetchPolicy::parse_domains(d).ok()),
-                allow_private: cfg.mm_allow_private_media_hosts,
-                ..pdgate_media::FetchPolicy::default()
-            },
-            media_fetcher: std::sync::OnceLock::new(),
+            media_fetcher: pdgate_media::Fetcher::new(media_policy.clone()),
+            media_policy,
         }
     }
 }
@@ -236,10 +237,7 @@ impl Gateway {
 
     /// The fetcher of the media policy in effect (one per configuration).
     pub fn media_fetcher(&self) -> pdgate_media::Fetcher {
-        let s = self.settings();
-        s.media_fetcher
-            .get_or_init(|| pdgate_media::Fetcher::new(s.media_policy.clone()))
-            .clone()
+        self.settings().media_fetcher.clone()
     }
 
     pub fn config(&self) -> Arc<GatewayConfig> {

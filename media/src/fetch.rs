@@ -57,6 +57,14 @@ pub struct Fetcher {
     inner: Arc<FetcherInner>,
 }
 
+impl std::fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetcher")
+            .field("policy", &self.inner.policy)
+            .finish_non_exhaustive()
+    }
+}
+
 struct FetcherInner {
     policy: FetchPolicy,
     resolver: Arc<dyn Resolve>,

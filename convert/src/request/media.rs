@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::RequestError;
 
 /// Where an image comes from, as the client gave it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum MediaSource {
     /// An `http(s)://` or `data:` URL.
     Url(String),

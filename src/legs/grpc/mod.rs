@@ -76,6 +76,13 @@ pub async fn attempt(
             "MoRI-IO PD is supported only by the HTTP PD router; register the engines' HTTP endpoints",
         ));
     }
+    if req.route == pdgate_filters::Route::Responses && gw.config().epd_disaggregation {
+        return Attempt::Refused(Reply::error_with_status(
+            501,
+            ErrorCode::FeatureNotSupported,
+            "EPD mode does not serve /v1/responses; use /v1/chat/completions or /v1/messages",
+        ));
+    }
     let p = match prepared {
         Some(p) => p.clone(),
         None => {
