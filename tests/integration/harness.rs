@@ -63,7 +63,12 @@ impl Gateway {
             format!("upgrade_sock: {dir_s}/upgrade-{port}.sock"),
             format!("pid_file: {dir_s}/pdgate-{port}.pid"),
             "gateway:".into(),
-            "  pd_disaggregation: true".into(),
+            // EPD is a mode of its own (`epd_disaggregation: true` in `extra`).
+            if extra.contains("epd_disaggregation: true") {
+                String::new()
+            } else {
+                "  pd_disaggregation: true".into()
+            },
             "  host: 127.0.0.1".into(),
             format!("  port: {port}"),
             "  prometheus_host: 127.0.0.1".into(),
@@ -111,7 +116,13 @@ impl Gateway {
         let err = out.try_clone().expect("clone the log handle");
         let (port_s, prom_s) = (port.to_string(), prometheus_port.to_string());
         let child = Command::new(pdgate_bin())
-            .args(["launch", "--pd-disaggregation", "--host", "127.0.0.1"])
+            .arg("launch")
+            .arg(if args.contains(&"--epd-disaggregation") {
+                "--epd-disaggregation"
+            } else {
+                "--pd-disaggregation"
+            })
+            .args(["--host", "127.0.0.1"])
             .args(["--port", &port_s, "--prometheus-host", "127.0.0.1"])
             .args(["--prometheus-port", &prom_s])
             .args(["--worker-startup-check-interval", "1"])

@@ -17,6 +17,7 @@ mod http_admission;
 mod kubernetes;
 mod lifecycle;
 mod moriio;
+mod multimodal;
 mod observability;
 mod operations;
 mod operator_flags;
