@@ -643,17 +643,49 @@ pub(crate) fn plan(
     })
 }
 
-/// Placeholder ranges as spans, with the features read from pixels (one per range, in order,
-/// when the pixels came).
-pub(crate) fn spans_of(ranges: &[(u32, u32)], features: Option<&[u64]>) -> Vec<MediaSpan> {
-    ranges
+/// A request's `image_grid_thw` rows (`None`: not sent), or why they do not parse.
+pub(crate) type GridRows = Result<Option<Vec<[i64; 3]>>, String>;
+
+/// Router-side processing (SGLang, vLLM): one placeholder range per image, the features from
+/// one pixel tensor holding every image on dim 0 (with its `image_grid_thw`), when it came.
+pub(crate) fn placeholders_plan(
+    role: Role,
+    v: &MockVision,
+    ids: &[u32],
+    ranges: &[(u32, u32)],
+    pixels: Option<(TensorView, GridRows)>,
+    image_token_id: u32,
+) -> Result<MediaPlan, Status> {
+    let features = match pixels {
+        Some((t, grid)) => {
+            let grid = grid.map_err(Status::invalid_argument)?;
+            let f = features_of_pixels(v, &t, grid.as_deref()).map_err(Status::invalid_argument)?;
+            if f.len() != ranges.len() {
+                return Err(Status::invalid_argument(format!(
+                    "pixel_values hold {} images for {} mm_placeholders",
+                    f.len(),
+                    ranges.len()
+                )));
+            }
+            Some(f)
+        }
+        None => None,
+    };
+    let spans = ranges
         .iter()
         .enumerate()
         .map(|(i, &(offset, len))| MediaSpan {
             range: offset as usize..(offset + len) as usize,
-            feature: features.and_then(|f| f.get(i).copied()),
+            feature: features.as_ref().and_then(|f| f.get(i).copied()),
         })
-        .collect()
+        .collect();
+    plan(
+        role,
+        ids,
+        spans,
+        Some(image_token_id),
+        PendingMedia::Nothing,
+    )
 }
 
 /// Lower-case hex of raw bytes (TokenSpeed's 32-byte `content_hash`).

@@ -33,7 +33,7 @@ use crate::fake_model::SamplingSpec;
 use crate::job::LogprobOpts;
 use crate::records::{GrpcBootstrap, GrpcRequest, GrpcSampling, MmRecord};
 use crate::vision::{
-    features_of_pixels, no_vision, plan, spans_of, MediaPlan, PendingMedia, TensorView,
+    no_vision, placeholders_plan, plan, GridRows, MediaPlan, PendingMedia, TensorView,
 };
 
 const GENERATE_PATH: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
@@ -312,7 +312,7 @@ fn mm_inputs(req: &GenerateRequest) -> Option<&MultimodalInputs> {
     })
 }
 
-fn grid_of(m: &MultimodalInputs) -> Result<Option<Vec<[i64; 3]>>, String> {
+fn grid_of(m: &MultimodalInputs) -> GridRows {
     m.model_specific_tensors
         .get("image_grid_thw")
         .map(|g| tensor_view(g).grid())
@@ -364,28 +364,17 @@ fn media_plan(
         .iter()
         .map(|p| (p.offset, p.length))
         .collect();
-    let features = match &m.pixel_values {
-        Some(t) => {
-            let grid = grid_of(m).map_err(Status::invalid_argument)?;
-            let f = features_of_pixels(v, &tensor_view(t), grid.as_deref())
-                .map_err(Status::invalid_argument)?;
-            if f.len() != ranges.len() {
-                return Err(Status::invalid_argument(format!(
-                    "pixel_values hold {} images for {} mm_placeholders",
-                    f.len(),
-                    ranges.len()
-                )));
-            }
-            Some(f)
-        }
-        None => None,
-    };
-    plan(
+    let pixels = m
+        .pixel_values
+        .as_ref()
+        .map(|t| (tensor_view(t), grid_of(m)));
+    placeholders_plan(
         cfg.role,
+        v,
         ids,
-        spans_of(&ranges, features.as_deref()),
-        Some(m.im_token_id.unwrap_or(v.image_token_id)),
-        PendingMedia::Nothing,
+        &ranges,
+        pixels,
+        m.im_token_id.unwrap_or(v.image_token_id),
     )
 }
 

@@ -36,7 +36,7 @@ use crate::fake_model::{self, SamplingSpec};
 use crate::job::LogprobOpts;
 use crate::records::{GrpcRequest, GrpcSampling, LegacyKvParams, MmRecord};
 use crate::vision::{
-    features_of_pixels, no_vision, plan, spans_of, MediaPlan, MockVision, PendingMedia, TensorView,
+    no_vision, placeholders_plan, plan, GridRows, MediaPlan, MockVision, PendingMedia, TensorView,
 };
 
 const GENERATE_PATH: &str = "/vllm.grpc.engine.VllmEngine/Generate";
@@ -285,7 +285,7 @@ fn tensor_view(t: &TensorData) -> TensorView<'_> {
     }
 }
 
-fn grid_of(m: &MultimodalInputs) -> Result<Option<Vec<[i64; 3]>>, String> {
+fn grid_of(m: &MultimodalInputs) -> GridRows {
     m.model_specific_tensors
         .get("image_grid_thw")
         .map(|g| tensor_view(g).grid())
@@ -379,28 +379,17 @@ fn media_plan(
             ranges.len()
         )));
     }
-    let features = match &m.pixel_values {
-        Some(t) => {
-            let grid = grid_of(m).map_err(Status::invalid_argument)?;
-            let f = features_of_pixels(v, &tensor_view(t), grid.as_deref())
-                .map_err(Status::invalid_argument)?;
-            if f.len() != ranges.len() {
-                return Err(Status::invalid_argument(format!(
-                    "pixel_values hold {} images for {} mm_placeholders",
-                    f.len(),
-                    ranges.len()
-                )));
-            }
-            Some(f)
-        }
-        None => None,
-    };
-    plan(
+    let pixels = m
+        .pixel_values
+        .as_ref()
+        .map(|t| (tensor_view(t), grid_of(m)));
+    placeholders_plan(
         cfg.role,
+        v,
         ids,
-        spans_of(&ranges, features.as_deref()),
-        Some(m.im_token_id.unwrap_or(v.image_token_id)),
-        PendingMedia::Nothing,
+        &ranges,
+        pixels,
+        m.im_token_id.unwrap_or(v.image_token_id),
     )
 }
 
