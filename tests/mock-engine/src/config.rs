@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::fake_model::{OutputVocab, SamplingSpec};
+use crate::vision::MockVision;
 
 /// Which PD role the engine plays (SGLang `disaggregation_mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,6 +17,9 @@ pub enum Role {
     Decode,
     /// A regular, non-PD worker: the reference output.
     Both,
+    /// TokenSpeed EPD encode worker (gRPC only): serves `TokenSpeedEncoder.Encode` and
+    /// publishes each item's embedding on its bootstrap server for the prefill to fetch.
+    Encode,
 }
 
 impl Role {
@@ -24,6 +28,7 @@ impl Role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
             Role::Both => "both",
+            Role::Encode => "encode",
         }
     }
 }
@@ -307,6 +312,8 @@ pub struct MockEngineConfig {
     /// `/get_server_info` carries `max_running_requests` (off: `null`, as an SGLang whose
     /// report names no window).
     pub report_running_window: bool,
+    /// gRPC: the fake vision tower. `None`: a text model (media are recorded, not understood).
+    pub vision: Option<MockVision>,
 }
 
 impl Default for MockEngineConfig {
@@ -363,6 +370,7 @@ impl Default for MockEngineConfig {
             sample_from_request_id: false,
             enforce_running_window: false,
             report_running_window: true,
+            vision: None,
         }
     }
 }
@@ -408,6 +416,12 @@ impl MockEngineConfig {
 
     pub fn with_connector(mut self, c: Connector) -> Self {
         self.connector = c;
+        self
+    }
+
+    /// Gives the engine a vision tower (see [`crate::vision`]).
+    pub fn with_vision(mut self, v: MockVision) -> Self {
+        self.vision = Some(v);
         self
     }
 

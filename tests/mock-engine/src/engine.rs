@@ -79,6 +79,8 @@ pub(crate) struct Shared {
     pub next_id: AtomicU64,
     /// Live gRPC calls, `Abort` records, RPC counters and the connection kill switch.
     pub grpc: grpc::GrpcState,
+    /// Encode worker (EPD): the embeddings waiting for their prefill.
+    pub encoder: grpc::encoder::EncoderState,
 }
 
 impl Shared {
@@ -241,7 +243,7 @@ pub(crate) fn send_prompt(
     let input_logprobs = (with_input_lp && ctx.job.logprobs.return_logprob).then(|| {
         fake_model::input_logprobs(
             s0,
-            &item.prompt_ids,
+            &item.folded_ids(),
             ctx.job.logprobs.start,
             ctx.job.logprobs.top,
         )
@@ -330,14 +332,13 @@ pub(crate) async fn run_local(
     ctx.shared.record_item(ctx.seq, item.index, |h| {
         h.kv_source = Some(kv_source.to_string())
     });
-    let cached = ctx.shared.prefix_cached_tokens(&item.prompt_ids);
+    // A leg that computes the prompt needs every image's feature.
+    let ids = item.computed_ids()?;
+    let cached = ctx.shared.prefix_cached_tokens(&ids);
     ctx.shared.latency(ctx.cfg().ttft_ms).await;
     send_prompt(ctx, item, tx, cached, true);
     let s0 = fake_model::initial_state(&ctx.cfg().model, item.spec.seed, item.sample);
-    let mut d = Decoder::new(
-        fake_model::prompt_state(s0, &item.prompt_ids),
-        item.spec.clone(),
-    );
+    let mut d = Decoder::new(fake_model::prompt_state(s0, &ids), item.spec.clone());
     if ctx
         .shared
         .take_fault(ctx.job.route.path(), |f| {
@@ -360,6 +361,8 @@ async fn run_item(ctx: Arc<ReqCtx>, item: JobItem, dup: bool, tx: StepTx) -> Res
         (Role::Decode, true) => sglang::run_decode_item(&ctx, &item, dup, &tx).await,
         (Role::Prefill, false) => vllm::run_prefill_item(&ctx, &item, &tx).await,
         (Role::Decode, false) => vllm::run_decode_item(&ctx, &item, &tx).await,
+        // Its servicer refuses `Generate` before any job exists.
+        (Role::Encode, _) => Err(ApiError::bad_request("an encode worker generates nothing")),
     }?;
     let _ = tx.send(Step::ItemDone { item: item.index });
     Ok(())
@@ -944,6 +947,14 @@ pub(crate) fn stats(shared: &Shared) -> Stats {
         killed: shared.is_killed(),
         rpc_calls: c.rpc_calls.clone(),
         requests_by_grpc_code: c.by_grpc_code.clone(),
+        mm_requests: c.mm_requests,
+        mm_pixel_requests: c.mm_pixel_requests,
+        media_fetches: c.media_fetches,
+        encodes_total: c.encodes,
+        embeddings_fetched: c.embeddings_fetched,
+        embeddings_expired: c.embeddings_expired,
+        embeddings_pending: shared.encoder.pending(),
+        embeddings_received: c.embeddings_received,
     }
 }
 
@@ -1319,11 +1330,21 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
         Transport::Http => None,
     };
     let data_l = TcpListener::bind(SocketAddr::new(cfg.bind_ip, 0)).await?;
-    let needs_bootstrap = cfg.role == Role::Prefill
-        && match cfg.engine {
-            EngineKind::Sglang | EngineKind::TokenSpeed => true,
-            EngineKind::Vllm => cfg.connector == crate::config::Connector::Mooncake,
-        };
+    if cfg.role == Role::Encode
+        && (cfg.engine != EngineKind::TokenSpeed || cfg.transport != Transport::Grpc)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the encode role is TokenSpeed over gRPC only (EPD)",
+        ));
+    }
+    // An encode worker's bootstrap server is where prefills fetch its embeddings.
+    let needs_bootstrap = cfg.role == Role::Encode
+        || cfg.role == Role::Prefill
+            && match cfg.engine {
+                EngineKind::Sglang | EngineKind::TokenSpeed => true,
+                EngineKind::Vllm => cfg.connector == crate::config::Connector::Mooncake,
+            };
     let boot_l = if needs_bootstrap {
         Some(TcpListener::bind(SocketAddr::new(cfg.bind_ip, cfg.bootstrap_port)).await?)
     } else {
@@ -1378,6 +1399,7 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
         prefix_cache: Mutex::new(HashSet::new()),
         next_id: AtomicU64::new(1),
         grpc: grpc::GrpcState::default(),
+        encoder: grpc::encoder::EncoderState::default(),
         cfg,
     });
     match control_l {
@@ -1410,7 +1432,9 @@ pub(crate) async fn start(cfg: MockEngineConfig) -> io::Result<Arc<Shared>> {
         server::serve(l, g, move |req, peer| {
             sglang::bootstrap_server(sh.clone(), req, peer)
         });
-        if shared.cfg.engine.uses_bootstrap_rooms() {
+        if shared.cfg.role == Role::Encode {
+            // No KV ranks: the encoder only serves embeddings.
+        } else if shared.cfg.engine.uses_bootstrap_rooms() {
             sglang::register_ranks(&shared).await?;
         } else {
             vllm::register_mooncake(&shared).await?;

@@ -578,6 +578,43 @@ pub fn reference(
     }
 }
 
+/// First id of the vision tokens the model folds at image placeholder positions: far above any
+/// tokenizer's vocabulary, so an image position never folds like a text token.
+pub const VISION_TOKEN_BASE: u32 = 1 << 30;
+
+/// The token the model folds at position `j` of an image placeholder range whose image has
+/// `feature` (what the fake vision tower made of its pixels): `VISION_TOKEN_BASE + f(feature, j)`.
+pub fn vision_token(feature: u64, j: usize) -> u32 {
+    VISION_TOKEN_BASE + (splitmix64(feature ^ splitmix64(j as u64 + 1)) % (1 << 29)) as u32
+}
+
+/// The ids the model folds for a prompt with images: inside item i's placeholder range (a
+/// range of prompt positions, with the item's feature) the vision tokens, elsewhere the ids.
+/// Ranges past the prompt's end are clipped.
+pub fn fold_media(prompt_ids: &[u32], items: &[(Range<usize>, u64)]) -> Vec<u32> {
+    let mut ids = prompt_ids.to_vec();
+    for (range, feature) in items {
+        let end = range.end.min(ids.len());
+        for (j, pos) in (range.start..end).enumerate() {
+            ids[pos] = vision_token(*feature, j);
+        }
+    }
+    ids
+}
+
+/// [`reference`] for a prompt with images: `items` are the placeholder ranges with their
+/// images' features, in prompt order ([`crate::vision::feature_of_rgb`] predicts a solid
+/// colour's). With no items this is [`reference`].
+pub fn reference_with_media(
+    model: &str,
+    prompt_ids: &[u32],
+    items: &[(Range<usize>, u64)],
+    spec: &SamplingSpec,
+    sample: Option<usize>,
+) -> RefOutput {
+    reference(model, &fold_media(prompt_ids, items), spec, sample)
+}
+
 /// Rerank relevance of one document given the query's prompt state.
 pub fn rerank_score(model: &str, query_state: u64, document: &str) -> f64 {
     let s = prompt_state(query_state, &tokenize(model, document));
@@ -721,6 +758,25 @@ mod tests {
         assert_eq!(stopped.finish, Finish::Stop(Matched::Text(second)));
         // Ids without a known text never match a stop string.
         assert_eq!(OutputVocab::range(0..5, [9]).text_of(3), "");
+    }
+
+    #[test]
+    fn images_change_the_state_only_inside_their_placeholders() {
+        let spec = SamplingSpec {
+            max_new_tokens: 6,
+            ..Default::default()
+        };
+        let ids = [1, 500, 9, 9, 9, 501];
+        let text = reference("m", &ids, &spec, None);
+        assert_eq!(reference_with_media("m", &ids, &[], &spec, None), text);
+        let red = reference_with_media("m", &ids, &[(2..5, 7)], &spec, None);
+        let blue = reference_with_media("m", &ids, &[(2..5, 8)], &spec, None);
+        assert_ne!(red.token_ids, text.token_ids);
+        assert_ne!(red.token_ids, blue.token_ids);
+        let folded = fold_media(&ids, &[(2..5, 7)]);
+        assert_eq!(folded[..2], ids[..2]);
+        assert_eq!(folded[5], 501);
+        assert!(folded[2..5].iter().all(|&t| t >= VISION_TOKEN_BASE));
     }
 
     #[test]

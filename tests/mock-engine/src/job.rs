@@ -110,6 +110,28 @@ pub struct JobItem {
     pub sample: Option<usize>,
     pub prompt_ids: Vec<u32>,
     pub spec: SamplingSpec,
+    /// gRPC: the prompt's image placeholder ranges, with the features this leg has for them.
+    pub media: Vec<crate::vision::MediaSpan>,
+}
+
+impl JobItem {
+    /// The ids the model folds, where every feature is known; placeholders whose feature this
+    /// leg lacks keep their ids (prefix-cache keys, input logprobs).
+    pub fn folded_ids(&self) -> Vec<u32> {
+        let known: Vec<_> = self
+            .media
+            .iter()
+            .filter_map(|s| s.feature.map(|f| (s.range.clone(), f)))
+            .collect();
+        crate::fake_model::fold_media(&self.prompt_ids, &known)
+    }
+
+    /// The ids a leg that computes the prompt folds; a placeholder without its image's feature
+    /// is refused (400: INVALID_ARGUMENT over gRPC).
+    pub fn computed_ids(&self) -> Result<Vec<u32>, ApiError> {
+        let items = crate::vision::computable(&self.media).map_err(ApiError::bad_request)?;
+        Ok(crate::fake_model::fold_media(&self.prompt_ids, &items))
+    }
 }
 
 /// Logprob output options.
@@ -419,6 +441,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                         sample: (n > 1).then_some(s),
                         prompt_ids: p.clone(),
                         spec: spec_of(&c, max_new, ctx, top),
+                        media: Vec::new(),
                     });
                 }
             }
@@ -457,6 +480,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                     sample: (n > 1).then_some(i),
                     prompt_ids: ids.clone(),
                     spec: spec_of(&c, max_new, ctx, top),
+                    media: Vec::new(),
                 });
             }
         }
@@ -509,6 +533,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                         sample: (n > 1).then_some(s),
                         prompt_ids: p.clone(),
                         spec: spec_of(&c, max_new, ctx, top),
+                        media: Vec::new(),
                     });
                     index += 1;
                 }
@@ -534,6 +559,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                 sample: None,
                 prompt_ids: ids,
                 spec: spec_of(&c, max_new, ctx, 0),
+                media: Vec::new(),
             });
         }
         Route::Responses => {
@@ -564,6 +590,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                 sample: None,
                 prompt_ids: ids,
                 spec: spec_of(&c, max_new, ctx, 0),
+                media: Vec::new(),
             });
         }
         Route::Rerank => {
@@ -597,6 +624,7 @@ pub fn parse(route: Route, body: &Value, ctx: &ParseCtx) -> Result<Job, ApiError
                     vocab: ctx.vocab.clone(),
                     ..Default::default()
                 },
+                media: Vec::new(),
             });
         }
     }

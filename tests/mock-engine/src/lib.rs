@@ -36,6 +36,7 @@ pub mod records;
 mod render;
 mod server;
 mod sglang;
+pub mod vision;
 mod vllm;
 
 use std::io;
@@ -52,9 +53,10 @@ pub use engine::{wait_until, LoadReport, RoomInfo};
 pub use fake_model::{OutputVocab, RefOutput, SamplingSpec};
 pub use grpc::{code_name, struct_to_json, wire_output_ids};
 pub use records::{
-    AbortRecord, GrpcBootstrap, GrpcRequest, GrpcSampling, Handoff, ItemHandoff, LegacyKvParams,
-    Outcome, ParsedFields, RequestRecord, Stats,
+    AbortRecord, EncodeRecord, GrpcBootstrap, GrpcRequest, GrpcSampling, Handoff, ItemHandoff,
+    LegacyKvParams, MmRecord, Outcome, ParsedFields, RequestRecord, Stats,
 };
+pub use vision::{feature_of_rgb, MockVision, PixelLayout};
 
 /// A running mock engine. Dropping the handle kills it (listeners and connections closed).
 pub struct MockEngine {
@@ -163,6 +165,19 @@ impl MockEngine {
     }
 
     /// Open rendezvous rooms / pinned transfers (`GET /mock/rooms`).
+    /// [`MockEngine::reference`] for a prompt with images: `items` are the placeholder ranges
+    /// (prompt positions) with the features of their images ([`feature_of_rgb`]), in prompt
+    /// order.
+    pub fn reference_with_media(
+        &self,
+        prompt_ids: &[u32],
+        items: &[(std::ops::Range<usize>, u64)],
+        spec: &SamplingSpec,
+        sample: Option<usize>,
+    ) -> RefOutput {
+        fake_model::reference_with_media(&self.shared.cfg.model, prompt_ids, items, spec, sample)
+    }
+
     pub fn rooms(&self) -> Vec<RoomInfo> {
         self.shared.rooms()
     }
@@ -248,12 +263,13 @@ impl MockEngine {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
             Role::Both => "regular",
+            Role::Encode => "encode",
         };
         let url = self.grpc_url().unwrap_or_else(|| self.api_url());
         let mut spec =
             json!({"url": url, "worker_type": worker_type, "runtime_type": cfg.engine.as_str()});
         let mut labels = serde_json::Map::new();
-        if cfg.role == Role::Prefill {
+        if matches!(cfg.role, Role::Prefill | Role::Encode) {
             if let Some(p) = self.bootstrap_port() {
                 spec["bootstrap_port"] = json!(p);
             }

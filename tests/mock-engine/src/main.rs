@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use mock_engine::{
     Connector, EngineKind, GrpcCode, GrpcOptions, LoadFailurePolicy, MalformedParams, MockEngine,
-    MockEngineConfig, OutputVocab, Role, Transport,
+    MockEngineConfig, MockVision, OutputVocab, Role, Transport,
 };
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -37,7 +37,8 @@ fn parse_role(s: &str) -> Result<Role, String> {
         "prefill" => Ok(Role::Prefill),
         "decode" => Ok(Role::Decode),
         "both" | "regular" | "null" => Ok(Role::Both),
-        _ => Err(format!("bad role {s:?} (prefill|decode|both)")),
+        "encode" => Ok(Role::Encode),
+        _ => Err(format!("bad role {s:?} (prefill|decode|both|encode)")),
     }
 }
 
@@ -220,6 +221,22 @@ struct Args {
     /// vLLM: report `usage.prompt_tokens_details.cached_tokens` (vLLM's flag of the same name).
     #[arg(long)]
     enable_prompt_tokens_details: bool,
+    /// gRPC: a fake vision tower with this pixel layout: chw (CLIP/LLaVA) | qwen (patches,
+    /// temporal patch 2, patch 14). Off: a text model.
+    #[arg(long)]
+    vision: Option<String>,
+    /// The vision tower's image placeholder token id.
+    #[arg(long, default_value_t = 151_655)]
+    image_token_id: u32,
+    /// vLLM worker-side processing backend (`inprocess`): accept `media_refs`.
+    #[arg(long)]
+    mm_processor: Option<String>,
+    /// vLLM worker-side processing: placeholder tokens one image expands to.
+    #[arg(long, default_value_t = 4)]
+    worker_tokens_per_image: u32,
+    /// vLLM `--language-model-only`: a decode without a vision tower.
+    #[arg(long)]
+    language_model_only: bool,
 }
 
 fn config(a: Args) -> Result<MockEngineConfig, String> {
@@ -299,6 +316,25 @@ fn config(a: Args) -> Result<MockEngineConfig, String> {
         prefix_cache: !a.no_prefix_cache,
         enforce_running_window: a.enforce_running_window,
         report_running_window: !a.no_report_running_window,
+        vision: match a.vision.as_deref() {
+            None => None,
+            Some(layout) => {
+                let v = match layout {
+                    "chw" => MockVision::chw(a.image_token_id),
+                    "qwen" => MockVision::qwen(a.image_token_id),
+                    other => return Err(format!("bad --vision {other:?} (chw|qwen)")),
+                };
+                let v = match &a.mm_processor {
+                    Some(p) => v.with_worker_processing(p, a.worker_tokens_per_image),
+                    None => v,
+                };
+                Some(if a.language_model_only {
+                    v.language_model_only()
+                } else {
+                    v
+                })
+            }
+        },
         prompt_tokens_details: a.enable_prompt_tokens_details,
         ..MockEngineConfig::default()
     })

@@ -116,6 +116,55 @@ pub struct RequestRecord {
     /// gRPC: the `GenerateRequest` as the servicer decoded it (`path` is the method path).
     #[serde(default)]
     pub grpc: Option<GrpcRequest>,
+    /// gRPC: the request's media as they arrived and as this leg used them (`None` for a
+    /// text-only request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mm: Option<MmRecord>,
+    /// TokenSpeed encoder: one `Encode` call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encode: Option<EncodeRecord>,
+}
+
+/// The media of one gRPC request: what arrived on the wire, and the features this leg used.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MmRecord {
+    /// Media items (TokenSpeed `mm_inputs.items`, SGLang / vLLM placeholders, or `media_refs`).
+    pub items: usize,
+    /// Any pixel tensor arrived (`pixel_values`, an item's `encoder_input`).
+    pub pixels: bool,
+    /// The shape of each pixel tensor received.
+    pub pixel_shapes: Vec<Vec<u32>>,
+    /// `image_grid_thw` rows received.
+    pub grid_thw: Vec<[i64; 3]>,
+    /// Content hashes, hex (TokenSpeed `content_hash`, vLLM `mm_hashes`; for `media_refs` the
+    /// blake3 of the fetched bytes).
+    pub hashes: Vec<String>,
+    /// Placeholder ranges `[offset, length]` (after expansion, for `media_refs`).
+    pub placeholders: Vec<[u32; 2]>,
+    /// The image token id the request named.
+    pub im_token_id: Option<u32>,
+    /// vLLM `media_refs` URLs.
+    pub media_refs: Vec<String>,
+    /// vLLM prefill: `GenerateComplete.media_identity` was sent.
+    pub media_identity_returned: bool,
+    /// One per item, as this leg used it (`null`: never needed, e.g. a decode served from the
+    /// handoff).
+    pub features: Vec<Option<u64>>,
+    /// TokenSpeed EPD: `[item_index, bootstrap_host, bootstrap_port, bootstrap_room]`.
+    pub encode_assignments: Vec<(u32, String, i32, i64)>,
+}
+
+/// One `TokenSpeedEncoder.Encode` call on an encode worker.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EncodeRecord {
+    pub request_id: String,
+    /// The item's `bootstrap_room` (the first assignment's, when several were sent).
+    pub room: Option<i64>,
+    /// The item's `content_hash`, hex.
+    pub content_hash: String,
+    /// The feature published under the room (`None` when refused).
+    pub feature: Option<u64>,
+    pub had_pixels: bool,
 }
 
 /// A gRPC `GenerateRequest`, engine-neutral: what each servicer read from its own proto.
@@ -304,6 +353,30 @@ pub struct Stats {
     /// gRPC: finished `Generate` calls per status name.
     #[serde(default)]
     pub requests_by_grpc_code: BTreeMap<String, u64>,
+    /// gRPC requests that carried media.
+    #[serde(default)]
+    pub mm_requests: u64,
+    /// gRPC requests that carried pixel tensors (a decode should have none).
+    #[serde(default)]
+    pub mm_pixel_requests: u64,
+    /// vLLM worker-side processing: `media_refs` URLs fetched.
+    #[serde(default)]
+    pub media_fetches: u64,
+    /// Encoder: `Encode` calls accepted.
+    #[serde(default)]
+    pub encodes_total: u64,
+    /// Encoder: embeddings fetched by a prefill.
+    #[serde(default)]
+    pub embeddings_fetched: u64,
+    /// Encoder: embeddings dropped unfetched after `bootstrap_timeout`.
+    #[serde(default)]
+    pub embeddings_expired: u64,
+    /// Encoder: embeddings published and not fetched yet.
+    #[serde(default)]
+    pub embeddings_pending: usize,
+    /// Prefill: embeddings received from encode workers (EPD).
+    #[serde(default)]
+    pub embeddings_received: u64,
 }
 
 /// Monotonic counters kept by the engine.
@@ -328,6 +401,13 @@ pub struct CountersInner {
     pub generation_tokens: u64,
     pub rpc_calls: BTreeMap<String, u64>,
     pub by_grpc_code: BTreeMap<String, u64>,
+    pub mm_requests: u64,
+    pub mm_pixel_requests: u64,
+    pub media_fetches: u64,
+    pub encodes: u64,
+    pub embeddings_fetched: u64,
+    pub embeddings_expired: u64,
+    pub embeddings_received: u64,
 }
 
 impl Counters {

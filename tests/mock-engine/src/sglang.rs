@@ -379,7 +379,8 @@ pub(crate) async fn run_prefill_item(
     set_state(shared, (rank, room), id, "Transferring");
 
     // "Forward pass", aborted if the decode withdraws meanwhile.
-    let cached = shared.prefix_cached_tokens(&item.prompt_ids);
+    let ids = item.computed_ids()?;
+    let cached = shared.prefix_cached_tokens(&ids);
     tokio::select! {
         _ = shared.prefill_forward(item.prompt_ids.len()) => {}
         Some(PEvent::DecodeAborted(addr)) = erx.recv() => {
@@ -387,7 +388,7 @@ pub(crate) async fn run_prefill_item(
         }
     }
     let s0 = fake_model::initial_state(&cfg.model, item.spec.seed, item.sample);
-    let s_n = fake_model::prompt_state(s0, &item.prompt_ids);
+    let s_n = fake_model::prompt_state(s0, &ids);
     let mut d = Decoder::new(s_n, item.spec.clone());
     if shared
         .take_fault(ctx.job.route.path(), |f| {
@@ -405,7 +406,9 @@ pub(crate) async fn run_prefill_item(
         t0_logprob: lp0,
         cached_tokens: cached,
         prompt_len: item.prompt_ids.len(),
-        prompt_digest: format!("{s_n:016x}"),
+        // Over the prompt ids the decode has too (it never sees the images' features); for a
+        // text prompt this is `s_n`.
+        prompt_digest: format!("{:016x}", fake_model::prompt_state(s0, &item.prompt_ids)),
         engine_id: shared.engine_id(),
         dp_rank: rank,
     };
@@ -960,6 +963,9 @@ pub(crate) async fn bootstrap_server(
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> HttpResponse {
+    if shared.cfg.role == crate::config::Role::Encode {
+        return crate::grpc::encoder::embedding_server(shared, req, peer).await;
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = server::query_pairs(req.uri().query());

@@ -461,14 +461,13 @@ pub(crate) async fn run_prefill_item(
         // The MoRI scheduler reads params["transfer_id"] unguarded.
         return Err(malformed(ctx, "KeyError: 'transfer_id'"));
     }
-    let cached = shared.prefix_cached_tokens(&item.prompt_ids);
+    // The prompt as the model folds it (images' vision tokens in their placeholders).
+    let ids = item.computed_ids()?;
+    let cached = shared.prefix_cached_tokens(&ids);
     shared.prefill_forward(item.prompt_ids.len()).await;
     send_prompt(ctx, item, tx, cached, true);
     let s0 = fake_model::initial_state(&cfg.model, item.spec.seed, item.sample);
-    let mut d = Decoder::new(
-        fake_model::prompt_state(s0, &item.prompt_ids),
-        item.spec.clone(),
-    );
+    let mut d = Decoder::new(fake_model::prompt_state(s0, &ids), item.spec.clone());
     if shared
         .take_fault(ctx.job.route.path(), |f| {
             matches!(f, Fault::EosFirstToken { .. })
@@ -496,7 +495,7 @@ pub(crate) async fn run_prefill_item(
         return Ok(());
     }
     // KV holds the prompt and every generated token but the last (not yet computed).
-    let mut seq_tokens = item.prompt_ids.clone();
+    let mut seq_tokens = ids;
     seq_tokens.extend(&generated[..generated.len().saturating_sub(1)]);
     let side_port = shared.side_addr.map(|a| a.port()).unwrap_or(0);
     let ids = match cfg.connector {
@@ -655,6 +654,25 @@ fn state_from_blocks(blocks: &[BlockContent], prompt_len: usize) -> Option<u64> 
     Some(s)
 }
 
+/// The ids a decode folds: its own, with each placeholder position whose image feature it
+/// lacks taken from the blocks it read (the encoder's output arrived inside the KV, as a decode
+/// given only hashes and placeholders relies on).
+fn decode_fold_ids(item: &JobItem, blocks: &[BlockContent]) -> Vec<u32> {
+    let mut ids = item.folded_ids();
+    for span in item.media.iter().filter(|s| s.feature.is_none()) {
+        for pos in span.range.clone() {
+            let held = blocks
+                .iter()
+                .find(|b| (b.start_pos..b.start_pos + b.tokens.len()).contains(&pos))
+                .map(|b| b.tokens[pos - b.start_pos]);
+            if let (Some(t), Some(slot)) = (held, ids.get_mut(pos)) {
+                *slot = t;
+            }
+        }
+    }
+    ids
+}
+
 enum LoadFailure {
     /// Load failed: apply `kv_load_failure_policy`.
     Failed(String),
@@ -723,10 +741,8 @@ pub(crate) async fn run_decode_item(
         Ok(blocks) => {
             let s_prev = state_from_blocks(&blocks, item.prompt_ids.len())
                 .unwrap_or_else(|| fake_model::garbage_state(s0, item.prompt_ids.len()));
-            let own_prev = fake_model::prompt_state(
-                s0,
-                &item.prompt_ids[..item.prompt_ids.len().saturating_sub(1)],
-            );
+            let ids = decode_fold_ids(item, &blocks);
+            let own_prev = fake_model::prompt_state(s0, &ids[..ids.len().saturating_sub(1)]);
             let integrity = if s_prev == own_prev { "ok" } else { "mismatch" };
             shared.record_item(ctx.seq, item.index, |h| {
                 h.integrity = Some(integrity.into())
@@ -734,7 +750,7 @@ pub(crate) async fn run_decode_item(
             shared
                 .counters
                 .handoff(if integrity == "ok" { "ok" } else { "mismatch" });
-            let last = item.prompt_ids.last().copied().unwrap_or(0);
+            let last = ids.last().copied().unwrap_or(0);
             let s_n = fake_model::mix(s_prev, last as u64);
             decode_from(ctx, item, tx, s_n, "remote", Some(format!("{s_prev:016x}"))).await
         }
@@ -1182,14 +1198,12 @@ async fn moriio_write_decode(
     let s0 = fake_model::initial_state(&cfg.model, item.spec.seed, item.sample);
     let s_prev = state_from_blocks(&blocks, item.prompt_ids.len())
         .unwrap_or_else(|| fake_model::garbage_state(s0, item.prompt_ids.len()));
-    let own_prev = fake_model::prompt_state(
-        s0,
-        &item.prompt_ids[..item.prompt_ids.len().saturating_sub(1)],
-    );
+    let ids = decode_fold_ids(item, &blocks);
+    let own_prev = fake_model::prompt_state(s0, &ids[..ids.len().saturating_sub(1)]);
     shared.record_item(ctx.seq, item.index, |h| {
         h.integrity = Some(if s_prev == own_prev { "ok" } else { "mismatch" }.into())
     });
-    let s_n = fake_model::mix(s_prev, item.prompt_ids.last().copied().unwrap_or(0) as u64);
+    let s_n = fake_model::mix(s_prev, ids.last().copied().unwrap_or(0) as u64);
     decode_from(ctx, item, tx, s_n, "remote", Some(format!("{s_prev:016x}"))).await
 }
 

@@ -36,15 +36,18 @@ use crate::config::{EngineKind, Fault, GrpcCode};
 use crate::engine::{drive, protocol_name, AsyncStepSink, ReqCtx, Shared};
 use crate::fake_model::{Finish, GenToken, LogprobRow, Matched, SamplingSpec};
 use crate::job::{ApiError, ErrorKind, Job, JobItem, LogprobOpts, Route};
-use crate::records::{now_ms, GrpcRequest, Handoff, ParsedFields, RequestRecord};
+use crate::records::{now_ms, GrpcRequest, Handoff, MmRecord, ParsedFields, RequestRecord};
 use crate::render::{FinishKind, PromptInfo, Step};
 use crate::sglang::BootstrapItem;
+use crate::vision::{MediaIdentityOut, MediaPlan, MediaSpan};
 
 /// A servicer's decoded `Generate`, ready for the driver.
 pub(crate) struct Call {
     /// `/{package}.{Service}/Generate`: the record's `path` and what faults match on.
     pub method_path: &'static str,
     pub request: GrpcRequest,
+    /// The request's media as they arrived (`None`: text only).
+    pub mm: Option<MmRecord>,
     pub peer: Option<SocketAddr>,
     /// The job, or the status the servicer refuses the request with before any work.
     pub prepared: Result<Prepared, Status>,
@@ -59,6 +62,8 @@ pub(crate) struct Prepared {
     /// SGLang / TokenSpeed bootstrap fields (prefill / decode roles).
     pub bootstrap: Vec<BootstrapItem>,
     pub rules: WireRules,
+    /// What the request's media still need before the job runs (EPD embeddings, `media_refs`).
+    pub media: MediaPlan,
 }
 
 /// Per-request choices of how the servicer shapes its messages.
@@ -81,6 +86,8 @@ pub(crate) struct JobRequest {
     pub n: u32,
     pub stream: bool,
     pub logprobs: LogprobOpts,
+    /// Image placeholder ranges with the features read from the request's pixels.
+    pub media: Vec<MediaSpan>,
 }
 
 /// One job item per sample (interleaved `index`); every sample shares the request's one room.
@@ -96,6 +103,7 @@ pub(crate) fn build_job(model: &str, r: JobRequest) -> Job {
                 sample: (n > 1).then_some(i),
                 prompt_ids: r.prompt_ids.clone(),
                 spec: r.spec.clone(),
+                media: r.media.clone(),
             })
             .collect(),
         batched: n > 1,
@@ -143,6 +151,8 @@ pub(crate) struct CompleteOut {
     pub input_logprobs: Option<InputLogprobs>,
     /// vLLM prefill: the handoff its connector returned.
     pub kv_transfer_params: Option<Value>,
+    /// vLLM prefill with worker-side media processing: what it learned about the media.
+    pub media_identity: Option<MediaIdentityOut>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -179,7 +189,7 @@ pub(crate) async fn serve<Req, Resp>(
     shared: &Arc<Shared>,
     method_path: &'static str,
     request: tonic::Request<Req>,
-    record: impl FnOnce(&Req, BTreeMap<String, String>) -> GrpcRequest,
+    record: impl FnOnce(&Req, BTreeMap<String, String>) -> (GrpcRequest, Option<MmRecord>),
     prepare: impl FnOnce(&Req) -> Result<Prepared, Status>,
     encode: impl Fn(GenOut) -> Resp + Send + 'static,
 ) -> Result<tonic::Response<BoxStream<Resp>>, Status>
@@ -189,9 +199,11 @@ where
     let peer = request.remote_addr();
     let metadata = metadata_map(request.metadata());
     let req = request.into_inner();
+    let (request, mm) = record(&req, metadata);
     let call = Call {
         method_path,
-        request: record(&req, metadata),
+        request,
+        mm,
         peer,
         prepared: prepare(&req),
     };
@@ -232,6 +244,7 @@ pub(crate) async fn run(shared: &Arc<Shared>, call: Call) -> Result<EventStream,
             r.handoff.room = rooms.first().copied();
             r.handoff.rooms = rooms;
         });
+        crate::vision::record_features(shared, seq, &prepared.job);
     }
 
     let mut fail_after = None;
@@ -297,17 +310,23 @@ pub(crate) async fn run(shared: &Arc<Shared>, call: Call) -> Result<EventStream,
     guard.live = Some(live);
     let (tx, rx) = mpsc::channel(64);
     let rules = prepared.rules;
-    let ctx = Arc::new(ReqCtx {
+    let media = prepared.media;
+    let ctx = ReqCtx {
         shared: shared.clone(),
         seq,
         job: prepared.job,
         body: prepared.body,
         bootstrap: prepared.bootstrap,
-    });
-    shared
-        .groups
-        .work
-        .spawn(produce(ctx, rules, tx, abort, guard, fail_after, silence));
+    };
+    let call = Producer {
+        rules,
+        tx,
+        abort,
+        guard,
+        fail_after,
+        silence,
+    };
+    shared.groups.work.spawn(produce(ctx, media, call));
 
     let mut rest = ReceiverStream::new(rx);
     if shared.cfg.grpc.headers_at_once || silence == Some(Silence::AfterHeaders) {
@@ -355,19 +374,51 @@ enum Ending {
     Aborted,
 }
 
-/// The call's producer task: drives the job into the response channel and ends the call.
-async fn produce(
-    ctx: Arc<ReqCtx>,
+/// What the producer task of one call holds besides the request.
+struct Producer {
     rules: WireRules,
     tx: mpsc::Sender<Result<GenOut, Status>>,
     abort: CancellationToken,
-    mut guard: CallGuard,
+    guard: CallGuard,
     fail_after: Option<FailAfter>,
     silence: Option<Silence>,
-) {
+}
+
+/// The call's producer task: fetches what the request's media still need, drives the job into
+/// the response channel and ends the call.
+async fn produce(mut ctx: ReqCtx, media: MediaPlan, call: Producer) {
+    let Producer {
+        rules,
+        tx,
+        abort,
+        mut guard,
+        fail_after,
+        silence,
+    } = call;
     let shared = ctx.shared.clone();
     let engine = shared.cfg.engine;
+    let seq = ctx.seq;
+    let resolved = if silence.is_some() {
+        Ok(None)
+    } else {
+        tokio::select! {
+            r = crate::vision::resolve(&shared, seq, &mut ctx.job, media.pending) => Some(r),
+            _ = tx.closed() => None,
+            _ = abort.cancelled() => None,
+        }
+        .unwrap_or(Ok(None))
+    };
+    let media_identity = match resolved {
+        Ok(identity) => identity.filter(|_| media.return_identity),
+        Err(st) => {
+            let _ = tx.send(Err(st.clone())).await;
+            guard.finish_status(&st);
+            return;
+        }
+    };
+    let ctx = Arc::new(ctx);
     let mut sink = WireSink {
+        media_identity,
         shared: shared.clone(),
         engine,
         seq: ctx.seq,
@@ -454,6 +505,8 @@ struct WireSink<'a> {
     buffered: BTreeMap<usize, CompleteOut>,
     fail_after: Option<FailAfter>,
     emitted: u64,
+    /// vLLM prefill: the media identity its completes carry.
+    media_identity: Option<MediaIdentityOut>,
 }
 
 #[derive(Clone, Default)]
@@ -632,6 +685,13 @@ impl WireSink<'_> {
             EngineKind::Vllm => crate::vllm::returned_params(&self.shared, self.seq),
             _ => None,
         };
+        if self.media_identity.is_some() {
+            self.shared.recorder.update(self.seq, |r| {
+                if let Some(mm) = r.mm.as_mut() {
+                    mm.media_identity_returned = true;
+                }
+            });
+        }
         CompleteOut {
             index: item as u32,
             output_logprobs: self.output_logprobs(toks, output_ids.len()),
@@ -643,6 +703,7 @@ impl WireSink<'_> {
             cached_tokens: it.prompt.cached_tokens as u32,
             input_logprobs,
             kv_transfer_params,
+            media_identity: self.media_identity.clone(),
         }
     }
 
@@ -794,9 +855,14 @@ fn push_record(shared: &Shared, call: &Call) -> u64 {
             ..Default::default()
         },
         grpc: Some(call.request.clone()),
+        mm: call.mm.clone(),
         ..Default::default()
     });
     shared.counters.with(|c| {
+        if let Some(mm) = &call.mm {
+            c.mm_requests += 1;
+            c.mm_pixel_requests += u64::from(mm.pixels);
+        }
         c.requests_total += 1;
         c.in_flight += 1;
         *c.by_route.entry(call.method_path.to_string()).or_default() += 1;

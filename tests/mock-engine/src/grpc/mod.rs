@@ -8,6 +8,7 @@
 //! reaches, the status mapping of each engine, and the conversions of the info RPCs. The
 //! `Generate` driver is [`generate`]; each engine's proto lives in its own submodule.
 
+pub(crate) mod encoder;
 pub(crate) mod generate;
 mod sglang;
 mod tokenspeed;
@@ -246,6 +247,19 @@ pub(crate) fn serve(shared: &Arc<Shared>, listener: TcpListener) {
                     .await;
             });
         }
+        EngineKind::TokenSpeed if shared.cfg.role == Role::Encode => {
+            // An encode worker also answers the scheduler's info RPCs, so a gateway registers
+            // it like any TokenSpeed worker.
+            let svc = EncodeWorker {
+                scheduler: tokenspeed::service(shared),
+                encoder: encoder::service(shared),
+            };
+            group.spawn(async move {
+                let _ = builder
+                    .serve_with_incoming_shutdown(svc, incoming, shutdown)
+                    .await;
+            });
+        }
         EngineKind::TokenSpeed => {
             let svc = tokenspeed::service(shared);
             group.spawn(async move {
@@ -253,6 +267,37 @@ pub(crate) fn serve(shared: &Arc<Shared>, listener: TcpListener) {
                     .serve_with_incoming_shutdown(svc, incoming, shutdown)
                     .await;
             });
+        }
+    }
+}
+
+/// An encode worker's two services on one port, by method path (tonic's router would bring
+/// axum in for this one case).
+#[derive(Clone)]
+struct EncodeWorker {
+    scheduler: pdgate_proto::tokenspeed::token_speed_scheduler_server::TokenSpeedSchedulerServer<
+        tokenspeed::TokenSpeedService,
+    >,
+    encoder: pdgate_proto::tokenspeed_encoder::token_speed_encoder_server::TokenSpeedEncoderServer<
+        encoder::EncoderService,
+    >,
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for EncodeWorker {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Both generated servers are always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        if req.uri().path().starts_with("/tokenspeed.grpc.encoder.") {
+            Box::pin(self.encoder.call(req))
+        } else {
+            Box::pin(self.scheduler.call(req))
         }
     }
 }
@@ -425,6 +470,7 @@ pub(crate) fn disaggregation_mode(role: Role) -> &'static str {
         Role::Prefill => "prefill",
         Role::Decode => "decode",
         Role::Both => "null",
+        Role::Encode => "encode",
     }
 }
 

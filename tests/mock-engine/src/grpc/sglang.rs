@@ -12,7 +12,8 @@ use pdgate_proto::sglang::{
     GenerateRequest, GenerateResponse, GenerateStreamChunk, GetLoadsRequest, GetLoadsResponse,
     GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest, GetServerInfoResponse,
     HealthCheckRequest, HealthCheckResponse, InputLogProbs, InputTokenLogProb, MemoryMetrics,
-    OutputLogProbs, QueueMetrics, SamplingParams, SchedulerLoad, TopLogProbs,
+    MultimodalInputs, OutputLogProbs, QueueMetrics, SamplingParams, SchedulerLoad, TensorData,
+    TopLogProbs,
 };
 use serde_json::{json, Value};
 use tonic::codegen::BoxStream;
@@ -30,7 +31,10 @@ use crate::config::MockEngineConfig;
 use crate::engine::Shared;
 use crate::fake_model::SamplingSpec;
 use crate::job::LogprobOpts;
-use crate::records::{GrpcBootstrap, GrpcRequest, GrpcSampling};
+use crate::records::{GrpcBootstrap, GrpcRequest, GrpcSampling, MmRecord};
+use crate::vision::{
+    no_vision, placeholders_plan, plan, GridRows, MediaPlan, PendingMedia, TensorView,
+};
 
 const GENERATE_PATH: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
 /// SGLang's `SamplingParams.max_new_tokens` default.
@@ -122,6 +126,7 @@ impl SglangScheduler for SglangService {
             eos_token_ids: vocab.eos_ids().iter().map(|&e| e as i32).collect(),
             max_req_input_len: cfg.max_model_len as i32,
             architectures: vec!["MockForCausalLM".into()],
+            supports_vision: cfg.vision.as_ref().is_some_and(|v| v.supports_vision()),
             ..Default::default()
         }))
     }
@@ -288,11 +293,96 @@ fn sampling_record(sp: &SamplingParams) -> GrpcSampling {
     }
 }
 
+fn tensor_view(t: &TensorData) -> TensorView<'_> {
+    TensorView {
+        shape: &t.shape,
+        dtype: &t.dtype,
+        bytes: Some(&t.data),
+    }
+}
+
+/// The request's `mm_inputs`, when it carries any media.
+fn mm_inputs(req: &GenerateRequest) -> Option<&MultimodalInputs> {
+    req.mm_inputs.as_ref().filter(|m| {
+        m.pixel_values.is_some()
+            || !m.mm_placeholders.is_empty()
+            || !m.model_specific_tensors.is_empty()
+            || !m.image_data.is_empty()
+            || !m.image_urls.is_empty()
+    })
+}
+
+fn grid_of(m: &MultimodalInputs) -> GridRows {
+    m.model_specific_tensors
+        .get("image_grid_thw")
+        .map(|g| tensor_view(g).grid())
+        .transpose()
+}
+
+/// The request's media as they arrived (`None`: text only).
+fn mm_record(req: &GenerateRequest) -> Option<MmRecord> {
+    let m = mm_inputs(req)?;
+    Some(MmRecord {
+        items: m.mm_placeholders.len(),
+        pixels: m.pixel_values.is_some(),
+        pixel_shapes: m.pixel_values.iter().map(|t| t.shape.clone()).collect(),
+        grid_thw: grid_of(m).ok().flatten().unwrap_or_default(),
+        placeholders: m
+            .mm_placeholders
+            .iter()
+            .map(|p| [p.offset, p.length])
+            .collect(),
+        im_token_id: m.im_token_id,
+        ..MmRecord::default()
+    })
+}
+
+/// One placeholder per image; the features come from `pixel_values` (all images on dim 0).
+fn media_plan(
+    cfg: &MockEngineConfig,
+    req: &GenerateRequest,
+    ids: &[u32],
+) -> Result<MediaPlan, Status> {
+    let m = mm_inputs(req);
+    let Some(v) = cfg.vision.as_ref() else {
+        return match m {
+            None => Ok(MediaPlan::default()),
+            Some(_) => Err(no_vision()),
+        };
+    };
+    let Some(m) = m else {
+        return plan(
+            cfg.role,
+            ids,
+            Vec::new(),
+            Some(v.image_token_id),
+            PendingMedia::Nothing,
+        );
+    };
+    let ranges: Vec<(u32, u32)> = m
+        .mm_placeholders
+        .iter()
+        .map(|p| (p.offset, p.length))
+        .collect();
+    let pixels = m
+        .pixel_values
+        .as_ref()
+        .map(|t| (tensor_view(t), grid_of(m)));
+    placeholders_plan(
+        cfg.role,
+        v,
+        ids,
+        &ranges,
+        pixels,
+        m.im_token_id.unwrap_or(v.image_token_id),
+    )
+}
+
 fn record_of(
     req: &GenerateRequest,
     metadata: std::collections::BTreeMap<String, String>,
-) -> GrpcRequest {
-    GrpcRequest {
+) -> (GrpcRequest, Option<MmRecord>) {
+    let r = GrpcRequest {
         request_id: req.request_id.clone(),
         input_ids: req
             .tokenized
@@ -314,7 +404,8 @@ fn record_of(
         logprob_start_len: Some(req.logprob_start_len),
         top_logprobs_num: req.top_logprobs_num,
         metadata,
-    }
+    };
+    (r, mm_record(req))
 }
 
 /// The servicer's conversion and the scheduler's checks, in their order.
@@ -348,6 +439,7 @@ fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, St
     }
     let ids = tokenized.input_ids.clone();
     check_prompt(cfg, &ids)?;
+    let media = media_plan(cfg, req, &ids)?;
     let bootstrap = bootstrap_items(
         cfg,
         req.disaggregated_params.as_ref().map(|d| {
@@ -384,6 +476,7 @@ fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, St
                 top,
                 text_in_logprobs: false,
             },
+            media: media.spans.clone(),
         },
     );
     Ok(Prepared {
@@ -396,6 +489,7 @@ fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, St
             input_logprobs: req.return_logprob && req.logprob_start_len >= 0,
             output_logprobs: req.return_logprob,
         },
+        media,
     })
 }
 

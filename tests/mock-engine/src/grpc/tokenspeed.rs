@@ -6,8 +6,10 @@
 
 use std::sync::Arc;
 
+use pdgate_proto::common::Modality;
 use pdgate_proto::tokenspeed::generate_complete::MatchedStop as WireMatched;
 use pdgate_proto::tokenspeed::generate_response::Response as WireEvent;
+use pdgate_proto::tokenspeed::tensor_data::Payload;
 use pdgate_proto::tokenspeed::token_speed_scheduler_server::{
     TokenSpeedScheduler, TokenSpeedSchedulerServer,
 };
@@ -17,6 +19,7 @@ use pdgate_proto::tokenspeed::{
     GetModelInfoResponse, GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest,
     HealthCheckResponse, OutputLogProbs, SamplingParams, SchedulerLoad, TopLogProbs,
 };
+use pdgate_proto::tokenspeed::{EncodeItemBootstrapInfo, MultimodalItem, TensorData};
 use serde_json::{json, Value};
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
@@ -32,7 +35,11 @@ use crate::config::{MockEngineConfig, Role};
 use crate::engine::Shared;
 use crate::fake_model::SamplingSpec;
 use crate::job::LogprobOpts;
-use crate::records::{GrpcBootstrap, GrpcRequest, GrpcSampling};
+use crate::records::{GrpcBootstrap, GrpcRequest, GrpcSampling, MmRecord};
+use crate::vision::{
+    computes_prompt, features_of_pixels, hex, no_vision, plan, EmbeddingFetch, MediaPlan,
+    MediaSpan, MockVision, PendingMedia, TensorView,
+};
 
 const GENERATE_PATH: &str = "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate";
 /// The engine's `max_new_tokens` when the request leaves it unset (SGLang's default).
@@ -56,6 +63,12 @@ impl TokenSpeedScheduler for TokenSpeedService {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<BoxStream<GenerateResponse>>, Status> {
+        if self.shared.cfg.role == Role::Encode {
+            count_rpc(&self.shared, "Generate");
+            return Err(Status::failed_precondition(
+                "this worker runs disaggregation_mode=encode: it serves TokenSpeedEncoder.Encode, not Generate",
+            ));
+        }
         let rid = request.get_ref().request_id.clone();
         let cfg = &self.shared.cfg;
         generate::serve(
@@ -80,7 +93,7 @@ impl TokenSpeedScheduler for TokenSpeedService {
                 message: "Health check timeout after 20s".into(),
             },
             // Disaggregated workers answer a shallow liveness probe.
-            (false, Role::Prefill | Role::Decode) => HealthCheckResponse {
+            (false, Role::Prefill | Role::Decode | Role::Encode) => HealthCheckResponse {
                 healthy: true,
                 message: "Health check passed (disaggregation worker; shallow probe)".into(),
             },
@@ -138,6 +151,13 @@ impl TokenSpeedScheduler for TokenSpeedService {
             eos_token_ids: vocab.eos_ids().iter().map(|&e| e as i32).collect(),
             model_dtype: "bfloat16".into(),
             multimodal_encoder_dtype: "bfloat16".into(),
+            supports_vision: cfg.vision.as_ref().is_some_and(|v| v.supports_vision()),
+            supports_multimodal: cfg.vision.as_ref().is_some_and(|v| v.supports_vision()),
+            supported_modalities: if cfg.vision.as_ref().is_some_and(|v| v.supports_vision()) {
+                vec![Modality::Image as i32]
+            } else {
+                Vec::new()
+            },
             ..Default::default()
         }))
     }
@@ -171,9 +191,15 @@ impl TokenSpeedScheduler for TokenSpeedService {
     ) -> Result<Response<GetLoadsResponse>, Status> {
         count_rpc(&self.shared, "GetLoads");
         let req = request.into_inner();
+        // An encode worker runs no scheduler: it reports no loads.
+        let ranks = if self.shared.cfg.role == Role::Encode {
+            Vec::new()
+        } else {
+            rank_loads(&self.shared, req.dp_rank)
+        };
         // The servicer leaves `max_running_requests` unset: the running window is the server
         // info's `max_num_seqs`.
-        let loads: Vec<SchedulerLoad> = rank_loads(&self.shared, req.dp_rank)
+        let loads: Vec<SchedulerLoad> = ranks
             .into_iter()
             .map(|l| SchedulerLoad {
                 dp_rank: l.dp_rank as i32,
@@ -250,11 +276,173 @@ fn sampling_record(sp: &SamplingParams) -> GrpcSampling {
     }
 }
 
+fn tensor_view(t: &TensorData) -> TensorView<'_> {
+    TensorView {
+        shape: &t.shape,
+        dtype: &t.dtype,
+        bytes: match &t.payload {
+            Some(Payload::Inline(b)) => Some(b),
+            _ => None,
+        },
+    }
+}
+
+fn mm_items(req: &GenerateRequest) -> (&[MultimodalItem], &[EncodeItemBootstrapInfo]) {
+    (
+        req.mm_inputs.as_ref().map_or(&[][..], |m| &m.items[..]),
+        req.encode_bootstrap_info
+            .as_ref()
+            .map_or(&[][..], |e| &e.items[..]),
+    )
+}
+
+/// The request's media as they arrived (`None`: text only).
+fn mm_record(req: &GenerateRequest) -> Option<MmRecord> {
+    let (items, assignments) = mm_items(req);
+    if items.is_empty() && assignments.is_empty() {
+        return None;
+    }
+    Some(MmRecord {
+        items: items.len(),
+        pixels: items.iter().any(|i| i.encoder_input.is_some()),
+        pixel_shapes: items
+            .iter()
+            .filter_map(|i| i.encoder_input.as_ref().map(|t| t.shape.clone()))
+            .collect(),
+        grid_thw: items
+            .iter()
+            .filter_map(|i| i.model_specific_tensors.get("image_grid_thw"))
+            .flat_map(|t| tensor_view(t).grid().unwrap_or_default())
+            .collect(),
+        hashes: items.iter().map(|i| hex(&i.content_hash)).collect(),
+        placeholders: items
+            .iter()
+            .flat_map(|i| i.placeholders.iter().map(|p| [p.offset, p.length]))
+            .collect(),
+        im_token_id: items.iter().find_map(|i| i.placeholder_token_id),
+        encode_assignments: assignments
+            .iter()
+            .map(|a| {
+                (
+                    a.item_index,
+                    a.bootstrap_host.clone(),
+                    a.bootstrap_port,
+                    a.bootstrap_room,
+                )
+            })
+            .collect(),
+        ..MmRecord::default()
+    })
+}
+
+/// The feature of one item's `encoder_input` (exactly one image).
+pub(super) fn item_feature(
+    v: &MockVision,
+    item: &MultimodalItem,
+    what: &str,
+) -> Result<Option<u64>, Status> {
+    let Some(t) = &item.encoder_input else {
+        return Ok(None);
+    };
+    let grid = item
+        .model_specific_tensors
+        .get("image_grid_thw")
+        .map(|g| tensor_view(g).grid())
+        .transpose()
+        .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+    let features = features_of_pixels(v, &tensor_view(t), grid.as_deref())
+        .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+    match features[..] {
+        [f] => Ok(Some(f)),
+        _ => Err(Status::invalid_argument(format!(
+            "{what}: encoder_input holds {} images, expected one",
+            features.len()
+        ))),
+    }
+}
+
+/// Each item's placeholder and feature: from its `encoder_input`, or (EPD prefill) from the
+/// encode worker its `encode_bootstrap_info` entry names.
+fn media_plan(
+    cfg: &MockEngineConfig,
+    req: &GenerateRequest,
+    ids: &[u32],
+) -> Result<MediaPlan, Status> {
+    let (items, assignments) = mm_items(req);
+    let Some(v) = cfg.vision.as_ref() else {
+        if items.is_empty() && assignments.is_empty() {
+            return Ok(MediaPlan::default());
+        }
+        return Err(no_vision());
+    };
+    if let Some(a) = assignments
+        .iter()
+        .find(|a| a.item_index as usize >= items.len())
+    {
+        return Err(Status::invalid_argument(format!(
+            "encode_bootstrap_info names item {} of a request with {} multimodal items",
+            a.item_index,
+            items.len()
+        )));
+    }
+    let mut declared = Vec::new();
+    let mut fetches = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let what = format!("mm_inputs.items[{i}]");
+        let [ph] = item.placeholders[..] else {
+            return Err(Status::invalid_argument(format!(
+                "{what} must carry exactly one placeholder range, got {}",
+                item.placeholders.len()
+            )));
+        };
+        let feature = item_feature(v, item, &what)?;
+        let assigned = assignments.iter().find(|a| a.item_index as usize == i);
+        if let (None, Some(a), true) = (feature, assigned, computes_prompt(cfg.role)) {
+            let port = u16::try_from(a.bootstrap_port)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "encode_bootstrap_info for item {i}: bootstrap_port must be in [1, 65535], got {}",
+                        a.bootstrap_port
+                    ))
+                })?;
+            if a.bootstrap_room < 0 {
+                return Err(Status::invalid_argument(format!(
+                    "encode_bootstrap_info for item {i}: bootstrap_room must be non-negative, got {}",
+                    a.bootstrap_room
+                )));
+            }
+            fetches.push(EmbeddingFetch {
+                offset: ph.offset as usize,
+                item_index: i as u32,
+                host: a.bootstrap_host.clone(),
+                port,
+                room: a.bootstrap_room as u64,
+            });
+        }
+        declared.push(MediaSpan {
+            range: ph.offset as usize..(ph.offset + ph.length) as usize,
+            feature,
+        });
+    }
+    let token = items
+        .iter()
+        .find_map(|i| i.placeholder_token_id)
+        .unwrap_or(v.image_token_id);
+    let pending = if fetches.is_empty() {
+        PendingMedia::Nothing
+    } else {
+        PendingMedia::Embeddings(fetches)
+    };
+    plan(cfg.role, ids, declared, Some(token), pending)
+}
+
 fn record_of(
     req: &GenerateRequest,
     metadata: std::collections::BTreeMap<String, String>,
-) -> GrpcRequest {
-    GrpcRequest {
+) -> (GrpcRequest, Option<MmRecord>) {
+    let r = GrpcRequest {
         request_id: req.request_id.clone(),
         input_ids: req
             .tokenized
@@ -276,7 +464,8 @@ fn record_of(
         logprob_start_len: req.logprob_start_len,
         top_logprobs_num: req.top_logprobs_num,
         metadata,
-    }
+    };
+    (r, mm_record(req))
 }
 
 fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, Status> {
@@ -286,6 +475,7 @@ fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, St
         .ok_or_else(|| Status::invalid_argument("GenerateRequest.tokenized is required"))?;
     let ids = tokenized.input_ids.clone();
     check_prompt(cfg, &ids)?;
+    let media = media_plan(cfg, req, &ids)?;
     let sp = req.sampling_params.clone().unwrap_or_default();
     let max_new = sp.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS);
     if sp.min_new_tokens > max_new {
@@ -330,6 +520,7 @@ fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, St
                 top,
                 text_in_logprobs: false,
             },
+            media: media.spans.clone(),
         },
     );
     Ok(Prepared {
@@ -343,6 +534,7 @@ fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, St
             input_logprobs: false,
             output_logprobs: req.return_logprob,
         },
+        media,
     })
 }
 

@@ -7,9 +7,11 @@
 
 use std::sync::Arc;
 
+use pdgate_proto::common::Modality;
 use pdgate_proto::vllm::generate_complete::MatchedStop as WireMatched;
 use pdgate_proto::vllm::generate_request::Input;
 use pdgate_proto::vllm::generate_response::Response as WireEvent;
+use pdgate_proto::vllm::tensor_data::Payload;
 use pdgate_proto::vllm::vllm_engine_server::{VllmEngine, VllmEngineServer};
 use pdgate_proto::vllm::{
     AbortRequest, AbortResponse, GenerateComplete, GenerateRequest, GenerateResponse,
@@ -18,6 +20,7 @@ use pdgate_proto::vllm::{
     HealthCheckResponse, InputLogProbs, InputTokenLogProb, KvTransferParams, OutputLogProbs,
     SamplingParams, SchedulerLoad, TopLogProbs,
 };
+use pdgate_proto::vllm::{MediaIdentity, MediaRef, MultimodalInputs, PlaceholderRange, TensorData};
 use serde_json::{json, Map, Value};
 use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
@@ -31,7 +34,10 @@ use crate::config::{Connector, MockEngineConfig, Role};
 use crate::engine::Shared;
 use crate::fake_model::{self, SamplingSpec};
 use crate::job::LogprobOpts;
-use crate::records::{GrpcRequest, GrpcSampling, LegacyKvParams};
+use crate::records::{GrpcRequest, GrpcSampling, LegacyKvParams, MmRecord};
+use crate::vision::{
+    no_vision, placeholders_plan, plan, GridRows, MediaPlan, MockVision, PendingMedia, TensorView,
+};
 
 const GENERATE_PATH: &str = "/vllm.grpc.engine.VllmEngine/Generate";
 const VERSION: &str = "0.0.0-mock";
@@ -112,6 +118,7 @@ impl VllmEngine for VllmService {
             architectures: vec!["MockForCausalLM".into()],
             eos_token_ids: vocab.eos_ids().iter().map(|&e| e as i32).collect(),
             max_req_input_len: cfg.max_model_len as i32,
+            supports_vision: cfg.vision.as_ref().is_some_and(|v| v.supports_vision()),
             ..Default::default()
         }))
     }
@@ -124,6 +131,7 @@ impl VllmEngine for VllmService {
         let sh = &self.shared;
         let cfg = &sh.cfg;
         let connector = kv_connector_name(cfg.connector);
+        let mm_processor = cfg.vision.as_ref().and_then(|v| v.mm_processor.clone());
         let configured = cfg.role != Role::Both && !connector.is_empty();
         Ok(Response::new(GetServerInfoResponse {
             active_requests: sh.grpc.live_calls() as u32,
@@ -136,7 +144,7 @@ impl VllmEngine for VllmService {
                 "".into()
             },
             kv_role: match (configured, cfg.role) {
-                (false, _) | (_, Role::Both) => "",
+                (false, _) | (_, Role::Both | Role::Encode) => "",
                 (true, Role::Prefill) => "kv_producer",
                 (true, Role::Decode) => "kv_consumer",
             }
@@ -151,6 +159,22 @@ impl VllmEngine for VllmService {
             block_size: cfg.block_size as i32,
             model_dtype: "torch.bfloat16".into(),
             max_num_seqs: cfg.max_running_requests as i32,
+            mm_processor: mm_processor.clone().unwrap_or_default(),
+            mm_media_ref_schemes: if mm_processor.is_some() {
+                "http,https,data".into()
+            } else {
+                String::new()
+            },
+            mm_processor_source: if mm_processor.is_some() {
+                "flag".into()
+            } else {
+                String::new()
+            },
+            mm_item_limits: if cfg.vision.is_some() {
+                "image=8".into()
+            } else {
+                String::new()
+            },
             ..Default::default()
         }))
     }
@@ -250,13 +274,173 @@ fn prompt_ids(cfg: &MockEngineConfig, req: &GenerateRequest) -> Vec<u32> {
     }
 }
 
+fn tensor_view(t: &TensorData) -> TensorView<'_> {
+    TensorView {
+        shape: &t.shape,
+        dtype: &t.dtype,
+        bytes: match &t.payload {
+            Some(Payload::Inline(b)) => Some(b),
+            _ => None,
+        },
+    }
+}
+
+fn grid_of(m: &MultimodalInputs) -> GridRows {
+    m.model_specific_tensors
+        .get("image_grid_thw")
+        .map(|g| tensor_view(g).grid())
+        .transpose()
+}
+
+fn media_refs(req: &GenerateRequest) -> &[MediaRef] {
+    req.media_refs.as_ref().map_or(&[][..], |r| &r.items[..])
+}
+
+/// The request's media as they arrived (`None`: text only).
+fn mm_record(req: &GenerateRequest) -> Option<MmRecord> {
+    let refs = media_refs(req);
+    let m = req.mm_inputs.as_ref();
+    if m.is_none() && refs.is_empty() {
+        return None;
+    }
+    let m = m.cloned().unwrap_or_default();
+    Some(MmRecord {
+        items: m.mm_placeholders.len().max(refs.len()),
+        pixels: m.pixel_values.is_some(),
+        pixel_shapes: m.pixel_values.iter().map(|t| t.shape.clone()).collect(),
+        grid_thw: grid_of(&m).ok().flatten().unwrap_or_default(),
+        hashes: m.mm_hashes.clone(),
+        placeholders: m
+            .mm_placeholders
+            .iter()
+            .map(|p| [p.offset, p.length])
+            .collect(),
+        im_token_id: m.im_token_id,
+        media_refs: refs.iter().map(|r| r.url.clone()).collect(),
+        ..MmRecord::default()
+    })
+}
+
+/// Router-side processing: placeholders, hashes and (prefill) `pixel_values`; worker-side
+/// processing: `media_refs` fetched before the job runs; `--language-model-only`: hashes and
+/// placeholders only.
+fn media_plan(
+    cfg: &MockEngineConfig,
+    req: &GenerateRequest,
+    ids: &[u32],
+) -> Result<MediaPlan, Status> {
+    let refs = media_refs(req);
+    let m = req.mm_inputs.as_ref();
+    let Some(v) = cfg.vision.as_ref() else {
+        if m.is_none() && refs.is_empty() {
+            return Ok(MediaPlan::default());
+        }
+        return Err(no_vision());
+    };
+    if v.language_model_only {
+        let mut got = Vec::new();
+        if m.is_some_and(|m| m.pixel_values.is_some()) {
+            got.push("pixel_values");
+        }
+        if m.is_some_and(|m| !m.model_specific_tensors.is_empty()) {
+            got.push("model_specific_tensors");
+        }
+        if !refs.is_empty() {
+            got.push("media_refs");
+        }
+        if !got.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "this worker runs --language-model-only: it takes mm_hashes and mm_placeholders only, got {}",
+                got.join(", ")
+            )));
+        }
+    }
+    if !refs.is_empty() {
+        return media_refs_plan(cfg, v, req, ids, refs);
+    }
+    let Some(m) = m else {
+        return plan(
+            cfg.role,
+            ids,
+            Vec::new(),
+            Some(v.image_token_id),
+            PendingMedia::Nothing,
+        );
+    };
+    let ranges: Vec<(u32, u32)> = m
+        .mm_placeholders
+        .iter()
+        .map(|p| (p.offset, p.length))
+        .collect();
+    if !m.mm_hashes.is_empty() && m.mm_hashes.len() != ranges.len() {
+        return Err(Status::invalid_argument(format!(
+            "{} mm_hashes for {} mm_placeholders",
+            m.mm_hashes.len(),
+            ranges.len()
+        )));
+    }
+    let pixels = m
+        .pixel_values
+        .as_ref()
+        .map(|t| (tensor_view(t), grid_of(m)));
+    placeholders_plan(
+        cfg.role,
+        v,
+        ids,
+        &ranges,
+        pixels,
+        m.im_token_id.unwrap_or(v.image_token_id),
+    )
+}
+
+/// Worker-side processing: the prompt holds one unexpanded anchor per `media_refs` item.
+fn media_refs_plan(
+    cfg: &MockEngineConfig,
+    v: &MockVision,
+    req: &GenerateRequest,
+    ids: &[u32],
+    refs: &[MediaRef],
+) -> Result<MediaPlan, Status> {
+    if req.mm_inputs.is_some() {
+        return Err(Status::invalid_argument(
+            "media_refs and mm_inputs are mutually exclusive",
+        ));
+    }
+    if v.mm_processor.is_none() {
+        return Err(Status::invalid_argument(
+            "media_refs need worker-side multimodal processing (--mm-processor), which this worker does not run",
+        ));
+    }
+    if !matches!(req.input, Some(Input::Tokenized(_))) {
+        return Err(Status::invalid_argument(
+            "media_refs require tokenized input",
+        ));
+    }
+    let anchor = v.image_token_id;
+    let anchors = ids.iter().filter(|&&t| t == anchor).count();
+    if anchors != refs.len() {
+        return Err(Status::invalid_argument(format!(
+            "the prompt holds {anchors} image anchors (token {anchor}) for {} media_refs",
+            refs.len()
+        )));
+    }
+    Ok(MediaPlan {
+        spans: Vec::new(),
+        pending: PendingMedia::MediaRefs {
+            urls: refs.iter().map(|r| r.url.clone()).collect(),
+            image_token_id: anchor,
+        },
+        return_identity: cfg.role == Role::Prefill,
+    })
+}
+
 fn record_of(
     cfg: &MockEngineConfig,
     req: &GenerateRequest,
     metadata: std::collections::BTreeMap<String, String>,
-) -> GrpcRequest {
+) -> (GrpcRequest, Option<MmRecord>) {
     let sp = req.sampling_params.clone().unwrap_or_default();
-    GrpcRequest {
+    let r = GrpcRequest {
         request_id: req.request_id.clone(),
         input_ids: prompt_ids(cfg, req),
         text: match &req.input {
@@ -276,13 +460,15 @@ fn record_of(
         logprob_start_len: None,
         top_logprobs_num: sp.logprobs.unwrap_or(0),
         metadata,
-    }
+    };
+    (r, mm_record(req))
 }
 
 fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, Status> {
     let params = kv_params(req)?;
     let ids = prompt_ids(cfg, req);
     check_prompt(cfg, &ids)?;
+    let media = media_plan(cfg, req, &ids)?;
     let sp = req.sampling_params.clone().unwrap_or_default();
     if sp.max_tokens == Some(0) {
         return Err(Status::invalid_argument(
@@ -334,6 +520,7 @@ fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, St
                 top,
                 text_in_logprobs: false,
             },
+            media: media.spans.clone(),
         },
     );
     let body = match params {
@@ -350,6 +537,7 @@ fn prepare(cfg: &MockEngineConfig, req: &GenerateRequest) -> Result<Prepared, St
             input_logprobs: sp.prompt_logprobs.is_some(),
             output_logprobs: sp.logprobs.is_some(),
         },
+        media,
     })
 }
 
@@ -427,6 +615,21 @@ fn encode(ev: GenOut) -> GenerateResponse {
                 index: c.index,
                 kv_transfer_params: legacy,
                 kv_transfer_params_json: json,
+                media_identity: c.media_identity.map(|m| MediaIdentity {
+                    prompt_token_ids: m.prompt_token_ids,
+                    mm_inputs: Some(MultimodalInputs {
+                        im_token_id: Some(m.im_token_id),
+                        mm_placeholders: m
+                            .placeholders
+                            .iter()
+                            .map(|&(offset, length)| PlaceholderRange { offset, length })
+                            .collect(),
+                        mm_hashes: m.hashes,
+                        modality: Modality::Image as i32,
+                        ..Default::default()
+                    }),
+                    extra_mm_inputs: Vec::new(),
+                }),
                 matched_stop: c.matched.map(|m| match m {
                     MatchedStop::TokenId(t) => WireMatched::MatchedTokenId(t),
                     MatchedStop::Text(s) => WireMatched::MatchedStopStr(s),
