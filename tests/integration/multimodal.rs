@@ -314,7 +314,7 @@ async fn url_and_inline_images_keep_their_order() {
     let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
     // 112×56 (w×h): grid 1×4×8 → 8 tokens; the JPEG 56×56 → 4.
     let server = MediaServer::start([127, 0, 100, 9], image(BLUE, 112, 56, false), None).await;
-    let url = format!("http://127.0.0.1:{}/blue.png", server.port);
+    let url = format!("http://127.0.100.9:{}/blue.png", server.port);
     let jpeg = image(RED, 56, 56, true);
     let parts = vec![
         image_part(&url),
@@ -649,12 +649,13 @@ async fn epd_encodes_each_image_on_its_encoder() {
         .await;
     assert_eq!(r.status, 501, "{}", r.text());
 
-    // An encoder that refuses fails the request at once (not after the embedding timeout).
+    // Encoders that refuse fail the request at once (after the retries), not after the
+    // prefill's embedding timeout.
     for e in [&e1, &e2] {
         e.inject(mock_engine::Fault::GrpcStatus {
             code: mock_engine::GrpcCode::Unavailable,
             message: Some("encoder busy".into()),
-            count: Some(1),
+            count: None,
             matcher: mock_engine::FaultMatch {
                 route: Some("/tokenspeed.grpc.encoder.TokenSpeedEncoder/Encode".into()),
                 role: None,
@@ -669,7 +670,9 @@ async fn epd_encodes_each_image_on_its_encoder() {
             &chat(vec![image_part(&data_url(&red, "image/png"))], 4),
         )
         .await;
+    assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(error_code(&r), "encode_worker_failed_to_start", "{}", r.text());
+    assert!(r.text().contains("encoder busy"), "{}", r.text());
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "the refusal waited for the prefill's embedding timeout"
