@@ -260,6 +260,13 @@ fn every_flag_is_the_yaml_key_in_kebab_case() {
 
 /// A value for every key, none of them the default.
 const EVERY_KEY: &str = "
+  epd_disaggregation: true
+  encode_policy: random
+  mm_processing: router
+  mm_per_request_image_limit: 8
+  mm_allowed_media_domains: media.test
+  mm_allow_private_media_hosts: true
+  encode_selector: [role=e]
   pd_pairing_mode: strict
   dp_aware: true
   dp_minimum_tokens_scheduler: true
@@ -714,25 +721,21 @@ fn launch_without_pd_disaggregation_is_refused() {
 fn unsupported_smg_features_are_refused_with_the_reason() {
     let err = launch_error(&[
         "--pd-disaggregation",
-        "--encode-selector",
-        "app=e",
         "--router-selector",
         "app=r",
         "--enable-igw",
     ]);
     assert!(
-        err.contains("--encode-selector (EPD (encode workers) is not supported"),
-        "{err}"
-    );
-    assert!(
         err.contains("--router-selector") && err.contains("--enable-igw"),
         "{err}"
     );
-    let epd = launch_error(&["--epd-disaggregation", "--encode", "grpc://e:1", "8995"]);
-    assert!(
-        epd.contains("--epd-disaggregation") && epd.contains("--encode"),
-        "{epd}"
-    );
+    // EPD runs over gRPC only; encode workers need EPD mode.
+    let epd = launch_error(&["--epd-disaggregation", "--encode", "http://e:1", "8995"]);
+    assert!(epd.contains("EPD runs only over gRPC"), "{epd}");
+    let pd = launch_error(&["--pd-disaggregation", "--encode", "grpc://e:1", "8995"]);
+    assert!(pd.contains("--epd-disaggregation"), "{pd}");
+    let both = launch_error(&["--pd-disaggregation", "--epd-disaggregation"]);
+    assert!(both.contains("either"), "{both}");
     let regular = launch_error(&["--pd-disaggregation", "--worker-urls", "http://w:1"]);
     assert!(regular.contains("--worker-urls"), "{regular}");
 }
@@ -1131,8 +1134,12 @@ fn startup_workers_must_be_prefill_or_decode() {
         "{regular}"
     );
     let encode =
-        yaml("  workers:\n    - {url: 'http://e:1', worker_type: encode}").expect_err("EPD");
-    assert_eq!(encode.kind(), ConfigErrorKind::Unsupported);
+        yaml("  workers:\n    - {url: 'grpc://e:1', worker_type: encode}").expect_err("EPD");
+    assert_eq!(encode.kind(), ConfigErrorKind::Invalid);
+    assert!(
+        encode.to_string().contains("epd_disaggregation"),
+        "{encode}"
+    );
 }
 
 #[test]
@@ -1761,10 +1768,26 @@ fn kubernetes_discovery_settings_are_checked_with_clear_errors() {
     let epd = launch_error(&[
         "--pd-disaggregation",
         "--service-discovery",
+        "--prefill-selector",
+        "a=p",
+        "--decode-selector",
+        "a=d",
         "--encode-selector",
         "a=e",
     ]);
-    assert!(epd.contains("--encode-selector"), "{epd}");
+    assert!(
+        epd.contains("--encode-selector") && epd.contains("--epd-disaggregation"),
+        "{epd}"
+    );
+    let epd = launch_error(&[
+        "--epd-disaggregation",
+        "--service-discovery",
+        "--prefill-selector",
+        "a=p",
+        "--decode-selector",
+        "a=d",
+    ]);
+    assert!(epd.contains("all three role selectors"), "{epd}");
     let from_yaml = yaml_error("  discovery_provider: kubernetes\n  prefill_selector: [role=p]");
     assert!(from_yaml.contains("gateway.decode_selector"), "{from_yaml}");
 }

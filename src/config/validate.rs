@@ -178,10 +178,7 @@ pub(crate) fn validate_startup_worker(spec: &WorkerSpec) -> Result<(), ConfigErr
 /// The rules of the mode a worker joins (startup, reload and `POST /workers`): encode workers
 /// only in EPD mode, and EPD only over gRPC (SMG refuses to start an EPD router for HTTP
 /// workers; the engine's runtime is checked when the worker registers).
-pub fn validate_worker_for_mode(
-    cfg: &GatewayConfig,
-    spec: &WorkerSpec,
-) -> Result<(), ConfigError> {
+pub fn validate_worker_for_mode(cfg: &GatewayConfig, spec: &WorkerSpec) -> Result<(), ConfigError> {
     if spec.worker_type == WorkerType::Encode && !cfg.epd_disaggregation {
         return Err(ConfigError::invalid_at(
             "worker_type",

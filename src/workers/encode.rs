@@ -24,8 +24,9 @@ pub struct EncodePicker {
 
 /// A fixed-key hasher, so every gateway replica places an item on the same encoder.
 fn weight(hash: &[u8; 32], url: &str) -> u64 {
-    let mut h = std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-        .build_hasher();
+    let mut h =
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .build_hasher();
     h.write(hash);
     h.write(url.as_bytes());
     h.finish()

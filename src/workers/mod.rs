@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod breaker;
 pub mod canary;
+pub mod encode;
 pub mod facts;
 pub mod grpc;
 pub mod health;
@@ -14,7 +15,6 @@ pub mod pairing;
 pub mod registry;
 pub mod select;
 pub mod worker;
-pub mod encode;
 
 pub use registry::{Registry, Snapshot};
 pub use worker::{InFlight, Status, Worker, WorkerAddress};

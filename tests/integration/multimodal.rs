@@ -54,7 +54,8 @@ fn image(rgb: [u8; 3], w: u32, h: u32, jpeg: bool) -> Vec<u8> {
     } else {
         image::ImageFormat::Png
     };
-    img.write_to(&mut out, format).expect("encode the test image");
+    img.write_to(&mut out, format)
+        .expect("encode the test image");
     out.into_inner()
 }
 
@@ -170,7 +171,11 @@ fn expand(ids: &[u32], token: u32, images: &[([u8; 3], usize)]) -> (Vec<u32>, Ve
             out.push(t);
         }
     }
-    assert_eq!(k, images.len(), "the template wrote one placeholder per image");
+    assert_eq!(
+        k,
+        images.len(),
+        "the template wrote one placeholder per image"
+    );
     (out, ranges)
 }
 
@@ -241,15 +246,23 @@ async fn pd_image_reaches_only_the_prefill(
     let d = engine(kind, Role::Decode, ips.1, Some(tower(family))).await;
     let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
     let png = image(RED, 56, 56, false);
-    let parts = vec![image_part(&data_url(&png, "image/png")), text_part("What is it?")];
+    let parts = vec![
+        image_part(&data_url(&png, "image/png")),
+        text_part("What is it?"),
+    ];
     let want = expected_text(&d, family, &parts, &[(RED, tokens)], 8);
     assert!(!want.is_empty());
-    let r = gw.post("/v1/chat/completions", &chat(parts.clone(), 8)).await;
+    let r = gw
+        .post("/v1/chat/completions", &chat(parts.clone(), 8))
+        .await;
     assert_eq!(r.status, 200, "{}\n{}", r.text(), gw.log());
     assert_eq!(r.json()["choices"][0]["message"]["content"], want.as_str());
     // Another colour is another answer: the text depends on the pixels.
     let blue = image(BLUE, 56, 56, false);
-    let other = vec![image_part(&data_url(&blue, "image/png")), text_part("What is it?")];
+    let other = vec![
+        image_part(&data_url(&blue, "image/png")),
+        text_part("What is it?"),
+    ];
     let r2 = gw.post("/v1/chat/completions", &chat(other, 8)).await;
     assert_eq!(r2.status, 200, "{}", r2.text());
     assert_ne!(r2.json()["choices"][0]["message"]["content"], want.as_str());
@@ -309,8 +322,20 @@ async fn vllm_qwen2vl_pixels_reach_only_the_prefill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn url_and_inline_images_keep_their_order() {
     let family = VisionFamily::Qwen2Vl;
-    let p = engine(EngineKind::TokenSpeed, Role::Prefill, [127, 0, 100, 7], Some(tower(family))).await;
-    let d = engine(EngineKind::TokenSpeed, Role::Decode, [127, 0, 100, 8], Some(tower(family))).await;
+    let p = engine(
+        EngineKind::TokenSpeed,
+        Role::Prefill,
+        [127, 0, 100, 7],
+        Some(tower(family)),
+    )
+    .await;
+    let d = engine(
+        EngineKind::TokenSpeed,
+        Role::Decode,
+        [127, 0, 100, 8],
+        Some(tower(family)),
+    )
+    .await;
     let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
     // 112×56 (w×h): grid 1×4×8 → 8 tokens; the JPEG 56×56 → 4.
     let server = MediaServer::start([127, 0, 100, 9], image(BLUE, 112, 56, false), None).await;
@@ -326,7 +351,11 @@ async fn url_and_inline_images_keep_their_order() {
     let r = gw.post("/v1/chat/completions", &chat(parts, 8)).await;
     assert_eq!(r.status, 200, "{}\n{}", r.text(), gw.log());
     assert_eq!(r.json()["choices"][0]["message"]["content"], want.as_str());
-    assert_eq!(server.connections(), 1, "one URL, fetched once for the request");
+    assert_eq!(
+        server.connections(),
+        1,
+        "one URL, fetched once for the request"
+    );
     let pm = mm_of(&p);
     assert_eq!(pm[0].items, 3);
     assert_eq!(pm[0].grid_thw, vec![[1, 4, 8], [1, 4, 4], [1, 4, 8]]);
@@ -355,7 +384,13 @@ async fn url_and_inline_images_keep_their_order() {
 async fn language_model_only_vllm_decodes() {
     // LLaVA: served, the decode gets hashes only.
     let family = VisionFamily::Llava;
-    let p = engine(EngineKind::Vllm, Role::Prefill, [127, 0, 101, 1], Some(tower(family))).await;
+    let p = engine(
+        EngineKind::Vllm,
+        Role::Prefill,
+        [127, 0, 101, 1],
+        Some(tower(family)),
+    )
+    .await;
     let d = engine(
         EngineKind::Vllm,
         Role::Decode,
@@ -365,9 +400,14 @@ async fn language_model_only_vllm_decodes() {
     .await;
     let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
     let png = image(RED, 40, 30, false);
-    let parts = vec![image_part(&data_url(&png, "image/png")), text_part("Describe.")];
+    let parts = vec![
+        image_part(&data_url(&png, "image/png")),
+        text_part("Describe."),
+    ];
     let want = expected_text(&d, family, &parts, &[(RED, 4)], 8);
-    let r = gw.post("/v1/chat/completions", &chat(parts.clone(), 8)).await;
+    let r = gw
+        .post("/v1/chat/completions", &chat(parts.clone(), 8))
+        .await;
     assert_eq!(r.status, 200, "{}\n{}", r.text(), gw.log());
     assert_eq!(r.json()["choices"][0]["message"]["content"], want.as_str());
     let dm = mm_of(&d);
@@ -383,7 +423,13 @@ async fn language_model_only_vllm_decodes() {
 
     // Qwen2-VL (M-RoPE): refused.
     let family = VisionFamily::Qwen2Vl;
-    let p = engine(EngineKind::Vllm, Role::Prefill, [127, 0, 101, 3], Some(tower(family))).await;
+    let p = engine(
+        EngineKind::Vllm,
+        Role::Prefill,
+        [127, 0, 101, 3],
+        Some(tower(family)),
+    )
+    .await;
     let d = engine(
         EngineKind::Vllm,
         Role::Decode,
@@ -418,7 +464,9 @@ async fn language_model_only_vllm_decodes() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(error_code(&r), "pd_decode_language_model_only_media_refs");
     assert!(
-        p.records().iter().all(|r| r.grpc.is_none() || r.mm.is_none()),
+        p.records()
+            .iter()
+            .all(|r| r.grpc.is_none() || r.mm.is_none()),
         "no leg went out"
     );
 }
@@ -430,7 +478,13 @@ async fn language_model_only_vllm_decodes() {
 async fn vllm_worker_side_processing_passes_the_media_identity() {
     let family = VisionFamily::Llava;
     let v = tower(family).with_worker_processing("inprocess", 6);
-    let p = engine(EngineKind::Vllm, Role::Prefill, [127, 0, 101, 5], Some(v.clone())).await;
+    let p = engine(
+        EngineKind::Vllm,
+        Role::Prefill,
+        [127, 0, 101, 5],
+        Some(v.clone()),
+    )
+    .await;
     let d = engine(EngineKind::Vllm, Role::Decode, [127, 0, 101, 6], Some(v)).await;
     // auto: the prefill reports an mm_processor, so the worker processes.
     let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
@@ -454,8 +508,20 @@ async fn vllm_worker_side_processing_passes_the_media_identity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn media_refusals_are_clear_400s() {
     let family = VisionFamily::Llava;
-    let p = engine(EngineKind::TokenSpeed, Role::Prefill, [127, 0, 101, 7], Some(tower(family))).await;
-    let d = engine(EngineKind::TokenSpeed, Role::Decode, [127, 0, 101, 8], Some(tower(family))).await;
+    let p = engine(
+        EngineKind::TokenSpeed,
+        Role::Prefill,
+        [127, 0, 101, 7],
+        Some(tower(family)),
+    )
+    .await;
+    let d = engine(
+        EngineKind::TokenSpeed,
+        Role::Decode,
+        [127, 0, 101, 8],
+        Some(tower(family)),
+    )
+    .await;
     let gw = gateway(
         &[p.worker_spec(), d.worker_spec()],
         family,
@@ -464,9 +530,16 @@ async fn media_refusals_are_clear_400s() {
     .await;
     let png = data_url(&image(RED, 8, 8, false), "image/png");
     let cases = [
-        (chat(vec![image_part(&png), image_part(&png)], 4), "too_many_images", "at most 1 images"),
         (
-            chat(vec![image_part("data:image/png;base64,bm90IGFuIGltYWdl")], 4),
+            chat(vec![image_part(&png), image_part(&png)], 4),
+            "too_many_images",
+            "at most 1 images",
+        ),
+        (
+            chat(
+                vec![image_part("data:image/png;base64,bm90IGFuIGltYWdl")],
+                4,
+            ),
             "invalid_media",
             "image",
         ),
@@ -482,7 +555,9 @@ async fn media_refusals_are_clear_400s() {
         ),
         (
             chat(
-                vec![json!({"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}})],
+                vec![
+                    json!({"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}),
+                ],
                 4,
             ),
             "multimodal_not_supported",
@@ -495,14 +570,19 @@ async fn media_refusals_are_clear_400s() {
         assert_eq!(error_code(&r), code, "{}", r.text());
         assert!(r.text().contains(says), "{code}: {}", r.text());
     }
-    assert!(mm_of(&p).is_empty() && mm_of(&d).is_empty(), "no leg went out");
+    assert!(
+        mm_of(&p).is_empty() && mm_of(&d).is_empty(),
+        "no leg went out"
+    );
     drop(gw);
 
     // A text model (no preprocessor_config.json): images are not supported.
     let extra = format!("  model_path: {}\n", crate::grpc_pd::model_dir().display());
     let mut gw = Gateway::start(&[p.worker_spec(), d.worker_spec()], &extra).await;
     gw.wait_ready().await;
-    let r = gw.post("/v1/chat/completions", &chat(vec![image_part(&png)], 4)).await;
+    let r = gw
+        .post("/v1/chat/completions", &chat(vec![image_part(&png)], 4))
+        .await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(error_code(&r), "multimodal_not_supported");
 }
@@ -513,8 +593,20 @@ async fn media_refusals_are_clear_400s() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn media_urls_to_private_hosts_are_refused() {
     let family = VisionFamily::Llava;
-    let p = engine(EngineKind::TokenSpeed, Role::Prefill, [127, 0, 102, 1], Some(tower(family))).await;
-    let d = engine(EngineKind::TokenSpeed, Role::Decode, [127, 0, 102, 2], Some(tower(family))).await;
+    let p = engine(
+        EngineKind::TokenSpeed,
+        Role::Prefill,
+        [127, 0, 102, 1],
+        Some(tower(family)),
+    )
+    .await;
+    let d = engine(
+        EngineKind::TokenSpeed,
+        Role::Decode,
+        [127, 0, 102, 2],
+        Some(tower(family)),
+    )
+    .await;
     let extra = format!("  model_path: {}\n", model_dir(family).display());
     let mut gw = Gateway::start(&[p.worker_spec(), d.worker_spec()], &extra).await;
     gw.wait_ready().await;
@@ -551,7 +643,9 @@ async fn media_urls_to_private_hosts_are_refused() {
         }
     }
     for url in &urls {
-        let r = gw.post("/v1/chat/completions", &chat(vec![image_part(url)], 4)).await;
+        let r = gw
+            .post("/v1/chat/completions", &chat(vec![image_part(url)], 4))
+            .await;
         assert_eq!(r.status, 400, "{url}: {}", r.text());
         assert_eq!(error_code(&r), "media_fetch_failed", "{url}: {}", r.text());
     }
@@ -573,7 +667,9 @@ async fn media_urls_to_private_hosts_are_refused() {
     let mut gw = Gateway::start(&[p.worker_spec(), d.worker_spec()], &extra).await;
     gw.wait_ready().await;
     let url = format!("http://127.0.102.3:{}/a.png", redirector.port);
-    let r = gw.post("/v1/chat/completions", &chat(vec![image_part(&url)], 4)).await;
+    let r = gw
+        .post("/v1/chat/completions", &chat(vec![image_part(&url)], 4))
+        .await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(error_code(&r), "media_fetch_failed");
     assert_eq!(redirector.connections(), 1);
@@ -591,7 +687,12 @@ async fn epd_encodes_each_image_on_its_encoder() {
     let e2 = engine(kind, Role::Encode, [127, 0, 103, 2], Some(tower(family))).await;
     let p = engine(kind, Role::Prefill, [127, 0, 103, 3], Some(tower(family))).await;
     let d = engine(kind, Role::Decode, [127, 0, 103, 4], Some(tower(family))).await;
-    let workers = [e1.worker_spec(), e2.worker_spec(), p.worker_spec(), d.worker_spec()];
+    let workers = [
+        e1.worker_spec(),
+        e2.worker_spec(),
+        p.worker_spec(),
+        d.worker_spec(),
+    ];
     let mut gw = Gateway::start(
         &workers,
         &format!(
@@ -638,14 +739,24 @@ async fn epd_encodes_each_image_on_its_encoder() {
 
     // Text-only: no encode leg.
     let r = gw
-        .post("/v1/chat/completions", &chat(vec![text_part("Hello there.")], 4))
+        .post(
+            "/v1/chat/completions",
+            &chat(vec![text_part("Hello there.")], 4),
+        )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(encodes(&e1).len() + encodes(&e2).len(), 2, "text went to an encoder");
+    assert_eq!(
+        encodes(&e1).len() + encodes(&e2).len(),
+        2,
+        "text went to an encoder"
+    );
 
     // /v1/responses is not served in EPD mode.
     let r = gw
-        .post("/v1/responses", &json!({"model": "mock-model", "input": "hi"}))
+        .post(
+            "/v1/responses",
+            &json!({"model": "mock-model", "input": "hi"}),
+        )
         .await;
     assert_eq!(r.status, 501, "{}", r.text());
 
@@ -671,13 +782,22 @@ async fn epd_encodes_each_image_on_its_encoder() {
         )
         .await;
     assert_eq!(r.status, 503, "{}", r.text());
-    assert_eq!(error_code(&r), "encode_worker_failed_to_start", "{}", r.text());
+    assert_eq!(
+        error_code(&r),
+        "encode_worker_failed_to_start",
+        "{}",
+        r.text()
+    );
     assert!(r.text().contains("encoder busy"), "{}", r.text());
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "the refusal waited for the prefill's embedding timeout"
     );
-    assert!(p.wait_idle(Duration::from_secs(10)).await, "{:?}", p.rooms());
+    assert!(
+        p.wait_idle(Duration::from_secs(10)).await,
+        "{:?}",
+        p.rooms()
+    );
 }
 
 /// Consistent hashing (the default): the same image goes to the same encoder; with
@@ -690,7 +810,12 @@ async fn epd_repeated_image_goes_to_the_same_encoder() {
     let e2 = engine(kind, Role::Encode, [127, 0, 103, 6], Some(tower(family))).await;
     let p = engine(kind, Role::Prefill, [127, 0, 103, 7], Some(tower(family))).await;
     let d = engine(kind, Role::Decode, [127, 0, 103, 8], Some(tower(family))).await;
-    let workers = [e1.worker_spec(), e2.worker_spec(), p.worker_spec(), d.worker_spec()];
+    let workers = [
+        e1.worker_spec(),
+        e2.worker_spec(),
+        p.worker_spec(),
+        d.worker_spec(),
+    ];
     let extra = format!(
         "  epd_disaggregation: true\n  model_path: {}\n",
         model_dir(family).display()
@@ -700,17 +825,25 @@ async fn epd_repeated_image_goes_to_the_same_encoder() {
     let count = |e: &MockEngine| e.records().iter().filter(|r| r.encode.is_some()).count();
     for rgb in [RED, BLUE, [48, 160, 96], [240, 224, 16]] {
         let png = image(rgb, 30, 30, false);
-        let parts = vec![image_part(&data_url(&png, "image/png")), text_part("Again?")];
+        let parts = vec![
+            image_part(&data_url(&png, "image/png")),
+            text_part("Again?"),
+        ];
         let want = expected_text(&d, family, &parts, &[(rgb, 4)], 6);
         let before = (count(&e1), count(&e2));
         for _ in 0..3 {
-            let r = gw.post("/v1/chat/completions", &chat(parts.clone(), 6)).await;
+            let r = gw
+                .post("/v1/chat/completions", &chat(parts.clone(), 6))
+                .await;
             assert_eq!(r.status, 200, "{}\n{}", r.text(), gw.log());
             assert_eq!(r.json()["choices"][0]["message"]["content"], want.as_str());
         }
         let after = (count(&e1), count(&e2));
         let moved = (after.0 - before.0, after.1 - before.1);
-        assert!(moved == (3, 0) || moved == (0, 3), "{rgb:?} spread over encoders: {moved:?}");
+        assert!(
+            moved == (3, 0) || moved == (0, 3),
+            "{rgb:?} spread over encoders: {moved:?}"
+        );
     }
     drop(gw);
 
@@ -765,16 +898,37 @@ async fn epd_startup_rules_and_readiness() {
     drop(gw);
 
     let out = std::process::Command::new(crate::harness::pdgate_bin())
-        .args(["launch", "--epd-disaggregation", "--encode", "http://127.0.0.1:1", "8995"])
-        .args(["--prefill", "http://127.0.0.1:2", "--decode", "http://127.0.0.1:3"])
+        .args([
+            "launch",
+            "--epd-disaggregation",
+            "--encode",
+            "http://127.0.0.1:1",
+            "8995",
+        ])
+        .args([
+            "--prefill",
+            "http://127.0.0.1:2",
+            "--decode",
+            "http://127.0.0.1:3",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("EPD runs only over gRPC"), "{err}");
     let out = std::process::Command::new(crate::harness::pdgate_bin())
-        .args(["launch", "--pd-disaggregation", "--encode", "grpc://127.0.0.1:1"])
-        .args(["--prefill", "grpc://127.0.0.1:2", "--decode", "grpc://127.0.0.1:3"])
+        .args([
+            "launch",
+            "--pd-disaggregation",
+            "--encode",
+            "grpc://127.0.0.1:1",
+        ])
+        .args([
+            "--prefill",
+            "grpc://127.0.0.1:2",
+            "--decode",
+            "grpc://127.0.0.1:3",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

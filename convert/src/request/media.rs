@@ -81,9 +81,7 @@ pub(super) fn anthropic_image(block: &Value, field: &str) -> Result<MediaRef, Re
                     data: d.to_string(),
                 },
             }),
-            _ => Err(bad(
-                "a base64 source with string `media_type` and `data`",
-            )),
+            _ => Err(bad("a base64 source with string `media_type` and `data`")),
         },
         Some("url") => text("url")
             .map(|u| MediaRef {

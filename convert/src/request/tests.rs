@@ -318,8 +318,12 @@ fn chat_images_are_taken_out_in_prompt_order() {
     assert_eq!(
         chat.media,
         vec![
-            MediaRef { source: MediaSource::Url("https://media.test/a.png".into()) },
-            MediaRef { source: MediaSource::Url("data:image/png;base64,AA".into()) },
+            MediaRef {
+                source: MediaSource::Url("https://media.test/a.png".into())
+            },
+            MediaRef {
+                source: MediaSource::Url("data:image/png;base64,AA".into())
+            },
         ]
     );
     assert_eq!(
@@ -330,7 +334,10 @@ fn chat_images_are_taken_out_in_prompt_order() {
         let body = json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": bad}]}]});
         let e = refused(Route::ChatCompletions, body);
         assert_eq!(e.code(), ErrorCode::InvalidRequest, "{e}");
-        assert!(e.to_string().contains("messages[0].content[0].image_url"), "{e}");
+        assert!(
+            e.to_string().contains("messages[0].content[0].image_url"),
+            "{e}"
+        );
     }
 }
 
@@ -901,7 +908,8 @@ fn anthropic_refusals() {
     assert_eq!(chat_input(&r).tools, Some(tools));
 
     let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}});
-    let by_url = json!({"type": "image", "source": {"type": "url", "url": "https://media.test/b.jpg"}});
+    let by_url =
+        json!({"type": "image", "source": {"type": "url", "url": "https://media.test/b.jpg"}});
     let r = ok(
         Route::Messages,
         anthropic(
@@ -913,9 +921,14 @@ fn anthropic_refusals() {
         chat.media,
         vec![
             MediaRef {
-                source: MediaSource::Base64 { media_type: "image/png".into(), data: "AA".into() }
+                source: MediaSource::Base64 {
+                    media_type: "image/png".into(),
+                    data: "AA".into()
+                }
             },
-            MediaRef { source: MediaSource::Url("https://media.test/b.jpg".into()) },
+            MediaRef {
+                source: MediaSource::Url("https://media.test/b.jpg".into())
+            },
         ]
     );
     assert_eq!(chat.media[0].url(), "data:image/png;base64,AA");
@@ -932,9 +945,7 @@ fn anthropic_refusals() {
     assert_eq!(e.code(), ErrorCode::InvalidRequest, "{e}");
     let e = refused(
         Route::Messages,
-        anthropic(
-            json!({"messages": [{"role": "assistant", "content": [image]}]}),
-        ),
+        anthropic(json!({"messages": [{"role": "assistant", "content": [image]}]})),
     );
     assert_eq!(e.code(), ErrorCode::MultimodalNotSupported);
     let e = refused(

@@ -171,7 +171,10 @@ pub fn tokenspeed(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Gen
             bootstrap_room: bootstrap.room as i64,
         }),
         data_parallel_rank: leg.dp_rank,
-        mm_inputs: p.media.as_ref().map(|m| mm_inputs::tokenspeed(m, leg.media)),
+        mm_inputs: p
+            .media
+            .as_ref()
+            .map(|m| mm_inputs::tokenspeed(m, leg.media)),
         encode_bootstrap_info: match leg.media {
             MediaLeg::Encoded(rvs) if p.media.is_some() => {
                 Some(mm_inputs::tokenspeed_encode_info(rvs))

@@ -17,10 +17,10 @@ use pdgate_filters::errors::{grpc_status_to_http, ErrorCode};
 use pdgate_proto::{tokenspeed, tokenspeed_encoder as enc};
 use tonic::Status;
 
-use super::media::Media;
-use super::mm_inputs::{self, EncodeRendezvous, MediaLeg};
-use super::mint_room;
 use super::engine::Engine;
+use super::media::Media;
+use super::mint_room;
+use super::mm_inputs::{self, EncodeRendezvous, MediaLeg};
 use crate::config::defaults;
 use crate::gateway::Gateway;
 use crate::ledger::{Handoff, Kind};
@@ -56,7 +56,9 @@ pub fn plan(
     let mut rendezvous = Vec::with_capacity(media.items.len());
     let mut calls = Vec::with_capacity(media.items.len());
     // The full per-item inputs (pixels included), built once; each call takes its item.
-    let mut items = mm_inputs::tokenspeed(media, MediaLeg::Pixels).items.into_iter();
+    let mut items = mm_inputs::tokenspeed(media, MediaLeg::Pixels)
+        .items
+        .into_iter();
     for (i, item) in media.items.iter().enumerate() {
         let worker = gw
             .encoders
@@ -104,9 +106,8 @@ pub fn plan(
 
 /// Runs one encode call: `Ok` when the encoder accepted its item.
 pub async fn run(worker: Arc<Worker>, request: enc::EncodeRequest) -> Result<(), Status> {
-    let mut client = enc::token_speed_encoder_client::TokenSpeedEncoderClient::new(
-        worker.grpc_channel(),
-    );
+    let mut client =
+        enc::token_speed_encoder_client::TokenSpeedEncoderClient::new(worker.grpc_channel());
     let accepted = client.encode(request).await?.into_inner().accepted;
     if accepted {
         Ok(())

@@ -323,6 +323,9 @@ pub fn check_language_model_only_decode(
     };
     Err(Reply::error(
         code,
-        format!("no decode worker with a vision encoder is paired for this model ({}): {why}", decode.url()),
+        format!(
+            "no decode worker with a vision encoder is paired for this model ({}): {why}",
+            decode.url()
+        ),
     ))
 }

@@ -21,9 +21,9 @@ use pingora::proxy::Session;
 
 use super::build::{self, Bootstrap, LegSpec};
 use super::encode::{self, EncodeCall};
-use super::mm_inputs::MediaLeg;
 use super::engine::{Engine, Message};
 use super::leg::GrpcLeg;
+use super::mm_inputs::MediaLeg;
 use super::prepare::Prepared;
 use super::relay::{FanIn, Source};
 use super::{
