@@ -935,3 +935,147 @@ async fn epd_startup_rules_and_readiness() {
     assert!(!out.status.success());
     assert!(err.contains("--epd-disaggregation"), "{err}");
 }
+
+/// EPD abort: while an encoder holds its item, the ledger shows the encode room (encoder →
+/// prefill); when the client leaves, the encode call is cancelled, the prefill and decode
+/// legs are dropped, and every rendezvous closes. The worker API lists the encode worker and
+/// the selection metric counts the encode leg.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epd_client_leaving_cancels_every_leg() {
+    let family = VisionFamily::Llava;
+    let kind = EngineKind::TokenSpeed;
+    let e = engine(kind, Role::Encode, [127, 0, 104, 5], Some(tower(family))).await;
+    // The prefill waits for its embedding longer than the client does.
+    let mut cfg = MockEngineConfig::grpc_test(kind, Role::Prefill, [127, 0, 104, 6])
+        .with_vocab(vocab())
+        .with_vision(tower(family));
+    cfg.bootstrap_timeout = Duration::from_secs(60);
+    cfg.waiting_timeout = Duration::from_secs(60);
+    let p = MockEngine::spawn(cfg).await.expect("spawn the prefill");
+    let mut cfg = MockEngineConfig::grpc_test(kind, Role::Decode, [127, 0, 104, 7])
+        .with_vocab(vocab())
+        .with_vision(tower(family));
+    cfg.bootstrap_timeout = Duration::from_secs(60);
+    cfg.waiting_timeout = Duration::from_secs(60);
+    let d = MockEngine::spawn(cfg).await.expect("spawn the decode");
+    let workers = [e.worker_spec(), p.worker_spec(), d.worker_spec()];
+    let extra = format!(
+        "  epd_disaggregation: true\n  model_path: {}\n",
+        model_dir(family).display()
+    );
+    let mut gw = Gateway::start(&workers, &extra).await;
+    gw.wait_ready().await;
+    let listed = gw.get("/workers").await.json();
+    assert_eq!(listed["stats"]["encode_count"], 1, "{listed}");
+    e.inject(mock_engine::Fault::Hang {
+        count: Some(1),
+        matcher: mock_engine::FaultMatch {
+            route: Some("/tokenspeed.grpc.encoder.TokenSpeedEncoder/Encode".into()),
+            role: None,
+        },
+    })
+    .await;
+    let png = image(BLUE, 30, 30, false);
+    let body = chat(vec![image_part(&data_url(&png, "image/png"))], 4);
+    let watch = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+        loop {
+            let h = gw.get("/debug/handoffs").await.json();
+            let kinds: Vec<String> = h["handoffs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| x["kind"].as_str().unwrap_or("").to_string())
+                .collect();
+            if kinds.iter().any(|k| k == "encode_room") {
+                return h;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{h}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    };
+    let gw_log = || gw.log();
+    let (gave_up, seen) = tokio::join!(
+        gw.post_and_give_up("/v1/chat/completions", &body, Duration::from_secs(6)),
+        async {
+            let seen = watch.await;
+            seen
+        }
+    );
+    let room = seen["handoffs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["kind"] == "encode_room")
+        .cloned()
+        .unwrap();
+    assert_eq!(room["encode"], e.worker_spec()["url"], "{room}");
+    assert_eq!(room["prefill"], p.worker_spec()["url"], "{room}");
+    // The client gives up after its patience: the prefill waits on an embedding that never
+    // comes, so nothing answers before that.
+    assert!(
+        gave_up.is_err(),
+        "the request answered: {gave_up:?}\n{:?}\n{:?}",
+        p.records()
+            .iter()
+            .map(|r| (&r.outcome, &r.handoff.timeline))
+            .collect::<Vec<_>>(),
+        d.records()
+            .iter()
+            .map(|r| (&r.outcome, &r.handoff.timeline))
+            .collect::<Vec<_>>()
+    );
+    let _ = gw_log;
+    gw.saw_a_client_leave().await;
+    let closed = mock_engine::wait_until(Duration::from_secs(10), || {
+        e.records()
+            .iter()
+            .any(|r| r.encode.is_some() && r.outcome.cancelled)
+    })
+    .await;
+    assert!(
+        closed,
+        "the encode call was not cancelled: {:?}",
+        e.records()
+    );
+    // The prefill (waiting for its embedding) was dropped at once: its call ended by the
+    // gateway, which sent the engine an Abort for it. (The decode, waiting for its KV, is
+    // dropped at its first message or after the deferred-abort bound, as in PD.)
+    for (leg, engine) in [("prefill", &p)] {
+        let ended = mock_engine::wait_until(Duration::from_secs(10), || {
+            let records = engine.records();
+            !records.is_empty()
+                && records
+                    .iter()
+                    .all(|r| r.outcome.cancelled || r.outcome.aborted)
+                && !engine.aborts().is_empty()
+        })
+        .await;
+        assert!(
+            ended,
+            "the {leg} leg was not dropped: {:?}\n{:?}",
+            engine
+                .records()
+                .iter()
+                .map(|r| &r.outcome)
+                .collect::<Vec<_>>(),
+            engine.aborts()
+        );
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let h = gw.get("/debug/handoffs").await.json();
+        if h["open"] == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{h}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let m = gw.metrics().await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("smg_worker_selection_total")
+                && l.contains("worker_type=\"encode\"")),
+        "{m}"
+    );
+}

@@ -398,15 +398,23 @@ async fn produce(mut ctx: ReqCtx, media: MediaPlan, call: Producer) {
     let shared = ctx.shared.clone();
     let engine = shared.cfg.engine;
     let seq = ctx.seq;
+    // A call that ends while its media are still being fetched (an EPD prefill waiting for an
+    // embedding) never starts its job: no room is opened for a request nobody waits for.
+    let mut ended_early = None;
     let resolved = if silence.is_some() {
         Ok(None)
     } else {
         tokio::select! {
-            r = crate::vision::resolve(&shared, seq, &mut ctx.job, media.pending) => Some(r),
-            _ = tx.closed() => None,
-            _ = abort.cancelled() => None,
+            r = crate::vision::resolve(&shared, seq, &mut ctx.job, media.pending) => r,
+            _ = tx.closed() => {
+                ended_early = Some(Ending::ClientGone);
+                Ok(None)
+            }
+            _ = abort.cancelled() => {
+                ended_early = Some(Ending::Aborted);
+                Ok(None)
+            }
         }
-        .unwrap_or(Ok(None))
     };
     let media_identity = match resolved {
         Ok(identity) => identity.filter(|_| media.return_identity),
@@ -429,7 +437,9 @@ async fn produce(mut ctx: ReqCtx, media: MediaPlan, call: Producer) {
         fail_after,
         emitted: 0,
     };
-    let ending = if silence.is_some() {
+    let ending = if let Some(early) = ended_early {
+        early
+    } else if silence.is_some() {
         tokio::select! {
             _ = tx.closed() => Ending::ClientGone,
             _ = abort.cancelled() => Ending::Aborted,
