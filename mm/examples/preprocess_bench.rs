@@ -17,7 +17,11 @@ const QWEN2_VL: &str = r#"{"image_processor_type": "Qwen2VLImageProcessor",
 
 /// Smooth gradients plus texture, so the JPEG and PNG sizes are photo-like, not trivial.
 fn photo_like() -> RgbImage {
-    RgbImage::from_fn(1024, 768, |x, y| {
+    photo_sized(1024, 768)
+}
+
+fn photo_sized(w: u32, h: u32) -> RgbImage {
+    RgbImage::from_fn(w, h, |x, y| {
         let noise = (x.wrapping_mul(2_654_435_761) ^ y.wrapping_mul(40_503)) >> 27;
         Rgb([
             (x / 4) as u8 ^ noise as u8,
@@ -100,4 +104,24 @@ fn main() {
             (hash, out.pixel_bytes_le())
         },
     );
+
+    // Smaller inputs, end to end (what one request pays per image): decode, hash, process and
+    // the tensor's bytes, next to a text request's whole gateway CPU (≈ 57 µs, issue 15).
+    println!("\n| input, end to end | µs per image |");
+    println!("|---|---|");
+    for (w, h, format, name) in [
+        (336, 336, ImageFormat::Jpeg, "JPEG 336x336"),
+        (448, 448, ImageFormat::Jpeg, "JPEG 448x448"),
+        (56, 56, ImageFormat::Png, "PNG 56x56"),
+    ] {
+        let bytes = encode(&photo_sized(w, h), format);
+        for (family, processor) in [("LLaVA-1.5", &llava), ("Qwen2-VL", &qwen)] {
+            time(&format!("{name} → {family}"), iterations, || {
+                let decoded = decode_image(&bytes, DEFAULT_MAX_PIXELS).unwrap();
+                let hash = content_hash(&bytes);
+                let out = processor.process(&decoded).unwrap();
+                (hash, out.pixel_bytes_le())
+            });
+        }
+    }
 }

@@ -41,6 +41,13 @@ pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
         ),
         ("prefill_selector", a.prefill_selector != b.prefill_selector),
         ("decode_selector", a.decode_selector != b.decode_selector),
+        ("encode_selector", a.encode_selector != b.encode_selector),
+        // The mode decides which workers may register and what readiness needs; the
+        // registry and the discovery watch hold workers admitted under the old one.
+        (
+            "epd_disaggregation",
+            a.epd_disaggregation != b.epd_disaggregation,
+        ),
         (
             "service_discovery_port",
             a.service_discovery_port != b.service_discovery_port,
