@@ -226,6 +226,12 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("engine_metrics", Ignored, "engine load gauges come from gRPC load reports"),
         ("kv_indexer_ttl_secs", Ignored, "the event-driven KV indexer is gRPC-only"),
         ("kv_indexer_max_entries", Ignored, "the event-driven KV indexer is gRPC-only"),
+        ("mm_pixel_rdma", Refused, "the RDMA pixel lane is not supported; tensors travel inline in the gRPC message"),
+        ("mm_pixel_cache_mb", Ignored, "pdgate keeps no pixel cache: each request's images are preprocessed once, for all its attempts"),
+        ("multimodal_max_inflight_bytes", Ignored, "pdgate bounds each image (20 MiB fetched, 8192x8192 pixels) and the images per request (--mm-per-request-image-limit), not the bytes in flight across requests"),
+        ("rdma_listen_ip", Ignored, "only used by the RDMA pixel lane"),
+        ("rdma_slot_ttl_s", Ignored, "only used by the RDMA pixel lane"),
+        ("log_mm_timing", Ignored, "pdgate logs no per-request media timing"),
         ("multimodal_tensor_transport", Ignored, "HTTP legs carry media as sent; gRPC legs carry tensors inline"),
         ("multimodal_shm_min_bytes", Ignored, "HTTP legs carry media as sent; gRPC legs carry tensors inline"),
         ("max_buffered_request_bytes", Ignored, "PD requests are always buffered, up to --max-payload-size"),
@@ -376,6 +382,18 @@ pub struct SmgOnlyFlags {
     #[arg(long, hide = true)]
     kv_indexer_max_entries: Option<String>,
     #[arg(long, hide = true)]
+    mm_pixel_rdma: bool,
+    #[arg(long, hide = true)]
+    mm_pixel_cache_mb: Option<String>,
+    #[arg(long, hide = true)]
+    multimodal_max_inflight_bytes: Option<String>,
+    #[arg(long, hide = true)]
+    rdma_listen_ip: Option<String>,
+    #[arg(long, hide = true)]
+    rdma_slot_ttl_s: Option<String>,
+    #[arg(long, hide = true)]
+    log_mm_timing: bool,
+    #[arg(long, hide = true)]
     multimodal_tensor_transport: Option<String>,
     #[arg(long, hide = true)]
     multimodal_shm_min_bytes: Option<String>,
@@ -493,6 +511,12 @@ impl SmgOnlyFlags {
             engine_metrics,
             kv_indexer_ttl_secs,
             kv_indexer_max_entries,
+            mm_pixel_rdma,
+            mm_pixel_cache_mb,
+            multimodal_max_inflight_bytes,
+            rdma_listen_ip,
+            rdma_slot_ttl_s,
+            log_mm_timing,
             multimodal_tensor_transport,
             multimodal_shm_min_bytes,
             max_buffered_request_bytes,
