@@ -737,7 +737,10 @@ fn unsupported_smg_features_are_refused_with_the_reason() {
     let both = launch_error(&["--pd-disaggregation", "--epd-disaggregation"]);
     assert!(both.contains("either"), "{both}");
     let rdma = launch_error(&["--pd-disaggregation", "--mm-pixel-rdma"]);
-    assert!(rdma.contains("--mm-pixel-rdma") && rdma.contains("inline"), "{rdma}");
+    assert!(
+        rdma.contains("--mm-pixel-rdma") && rdma.contains("inline"),
+        "{rdma}"
+    );
     let regular = launch_error(&["--pd-disaggregation", "--worker-urls", "http://w:1"]);
     assert!(regular.contains("--worker-urls"), "{regular}");
 }
