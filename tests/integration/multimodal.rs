@@ -132,6 +132,18 @@ fn expected_text(
     images: &[([u8; 3], usize)],
     max_tokens: usize,
 ) -> String {
+    expected_seeded(e, family, parts, images, max_tokens, None)
+}
+
+/// [`expected_text`] with a pinned seed (TokenSpeed offsets it by the sample index).
+fn expected_seeded(
+    e: &MockEngine,
+    family: VisionFamily,
+    parts: &[Value],
+    images: &[([u8; 3], usize)],
+    max_tokens: usize,
+    seed: Option<u64>,
+) -> String {
     let tok = Tokenizer::from_dir(model_dir(family)).unwrap();
     let template_parts: Vec<Value> = parts
         .iter()
@@ -158,6 +170,7 @@ fn expected_text(
     let (expanded, ranges) = expand(&ids, family.image_token_id(), images);
     let spec = mock_engine::fake_model::SamplingSpec {
         max_new_tokens: max_tokens,
+        seed,
         ..e.sampling_spec()
     };
     let items: Vec<(Range<usize>, u64)> = ranges
@@ -719,11 +732,18 @@ async fn epd_encodes_each_image_on_its_encoder() {
     assert!(!pm[0].pixels, "the EPD prefill got pixels: {pm:?}");
     assert_eq!(pm[0].encode_assignments.len(), 2, "{pm:?}");
     assert!(!mm_of(&d)[0].pixels);
-    assert_eq!(
-        gw.get("/debug/handoffs").await.json()["open"],
-        0,
-        "every rendezvous closed"
-    );
+    // Every rendezvous closes (the prefill drains in the background after the answer).
+    let closed = async {
+        loop {
+            if gw.get("/debug/handoffs").await.json()["open"] == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("every rendezvous closed");
 
     // Text-only: no encode leg.
     let r = gw
@@ -1059,4 +1079,46 @@ async fn epd_client_leaving_cancels_every_leg() {
                 && l.contains("worker_type=\"encode\"")),
         "{m}"
     );
+}
+
+/// `n > 1` with an image on TokenSpeed fans out like text: one room per sample, the pixels on
+/// each sample's prefill, none on the decodes, and each choice is its sample's reference (the
+/// pinned seed offset by the sample index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_samples_fan_out_with_pixels_on_each_prefill() {
+    let family = VisionFamily::Qwen2Vl;
+    let (p, d) = pair(
+        EngineKind::TokenSpeed,
+        family,
+        ([127, 0, 104, 9], [127, 0, 104, 10]),
+    )
+    .await;
+    let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
+    let png = image(RED, 56, 56, false);
+    let parts = vec![
+        image_part(&data_url(&png, "image/png")),
+        text_part("Twice."),
+    ];
+    let mut body = chat(parts.clone(), 6);
+    body["n"] = json!(2);
+    body["seed"] = json!(7);
+    let r = gw.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), gw.log());
+    let v = r.json();
+    for i in 0..2u64 {
+        let want = expected_seeded(&d, family, &parts, &[(RED, 4)], 6, Some(7 + i));
+        let i = i as usize;
+        assert_eq!(
+            v["choices"][i]["message"]["content"],
+            want.as_str(),
+            "sample {i}"
+        );
+    }
+    assert_ne!(
+        v["choices"][0]["message"]["content"],
+        v["choices"][1]["message"]["content"]
+    );
+    let (pm, dm) = (mm_of(&p), mm_of(&d));
+    assert_eq!((pm.len(), dm.len()), (2, 2), "{pm:?}\n{dm:?}");
+    assert!(pm.iter().all(|m| m.pixels) && dm.iter().all(|m| !m.pixels));
 }
