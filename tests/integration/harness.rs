@@ -15,12 +15,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
-/// A free TCP port on 127.0.0.1 (bound and released; the kernel does not hand it out again soon).
+/// A TCP port on 127.0.0.1 for a gateway listener: free when checked, never handed out twice in
+/// this process, and below the kernel's ephemeral range (32768–60999) and the benchmarks'
+/// ports (24000 up), so neither an engine binding port 0 nor a second call can take it before
+/// the gateway binds it. (Asking the kernel for port 0 and releasing it could hand the same
+/// port to the next call: a gateway then found its `port` and `prometheus_port` equal.)
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 12_000;
+    const SPAN: u32 = 11_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Runs of the suite (and the processes they leave behind) start at different places.
+    let offset = std::process::id() % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + (offset + n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FIRST}..{}", FIRST + SPAN)
 }
 
 pub fn pdgate_bin() -> &'static str {
