@@ -289,6 +289,7 @@ async fn exchange(
             head,
             buf,
             read_size: READ_START,
+            read_max: READ_MAX,
             decoder: BodyDecoder::new(framing),
             framing,
             keepalive,
@@ -452,6 +453,8 @@ pub struct OpenLeg {
     buf: BytesMut,
     /// How much the next read asks for (see [`READ_START`]).
     read_size: usize,
+    /// The largest read ([`READ_MAX`] unless [`OpenLeg::set_max_read`] lowered it).
+    read_max: usize,
     decoder: BodyDecoder,
     framing: Framing,
     keepalive: bool,
@@ -476,6 +479,14 @@ impl OpenLeg {
 
     pub fn header_str(&self, name: &str) -> Option<&str> {
         self.head.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Caps every read of the body at `max` bytes (at least the first read's size): a body that
+    /// is read only to be discarded (a prefill drained in the background) then never grows a
+    /// large buffer — with thousands of streams open, each drain's buffer is resident memory.
+    pub fn set_max_read(&mut self, max: usize) {
+        self.read_max = max.max(READ_START);
+        self.read_size = self.read_size.min(self.read_max);
     }
 
     /// Sets the longest wait for any single read of the body (the stall deadline).
@@ -520,7 +531,7 @@ impl OpenLeg {
                 return Ok(None);
             }
             let want = self.decoder.expected().map_or(self.read_size, |n| {
-                n.clamp(self.read_size as u64, READ_MAX as u64) as usize
+                n.clamp(self.read_size as u64, self.read_max as u64) as usize
             });
             if self.buf.capacity() - self.buf.len() < want / 2 {
                 self.buf.reserve(want);
@@ -528,7 +539,7 @@ impl OpenLeg {
             let room = self.buf.capacity() - self.buf.len();
             let n = self.fill().await?;
             if n == room {
-                self.read_size = (self.read_size * 2).min(READ_MAX);
+                self.read_size = (self.read_size * 2).min(self.read_max);
             }
             if n == 0 {
                 self.decoder

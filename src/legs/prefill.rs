@@ -156,6 +156,9 @@ fn task_gone() -> LegError {
     }
 }
 
+/// The largest read of a prefill body that is drained, not kept.
+const DRAIN_READ_MAX: usize = 4 * 1024;
+
 /// Runs the leg; true when it completed with a 2xx body.
 async fn run(
     job: PrefillJob,
@@ -220,6 +223,11 @@ async fn run(
     }));
 
     let mut kept = job.keep_body.then(BytesMut::new);
+    if kept.is_none() {
+        // Drained to be discarded: small reads keep the buffer small (a real prefill answers a
+        // token or two; a large body would be read in more, smaller bites).
+        leg.set_max_read(DRAIN_READ_MAX);
+    }
     loop {
         tokio::select! {
             c = &mut control, if !detached => {
