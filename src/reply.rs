@@ -91,6 +91,16 @@ pub async fn send(
     ctx: &mut RequestCtx,
     reply: Reply,
 ) -> pingora::Result<()> {
+    // Boxed: a request future that may answer here carries this state for its whole life
+    // otherwise (Pingora's header and body writes), an open stream included.
+    Box::pin(send_now(session, ctx, reply)).await
+}
+
+async fn send_now(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    reply: Reply,
+) -> pingora::Result<()> {
     let mut h = ResponseHeader::build(reply.status, Some(5 + reply.headers.len()))?;
     if !reply.content_type.is_empty() {
         h.insert_header("content-type", reply.content_type.as_ref())?;

@@ -33,7 +33,7 @@ use crate::trace::{LegSpan, LegTrace};
 /// First read of a response (the head and, usually, a stream's first events), and the first
 /// read size of a body: an open stream holds this much, so it is small. A read that fills it
 /// doubles the next one, up to [`READ_MAX`], so a large body is not read in small bites.
-const READ_START: usize = 2 * 1024;
+const READ_START: usize = 1024;
 /// Largest single read.
 const READ_MAX: usize = 64 * 1024;
 /// Largest response head accepted.

@@ -166,7 +166,7 @@ pub async fn serve(
                     // The decode's admission window (every transport): the slots are held until
                     // the attempt, and with it every decode leg, has ended.
                     let sequences = req.facts.decode_sequences(req.route);
-                    match admit::claim(gw, session, &pair.decode, sequences).await {
+                    match Box::pin(admit::claim(gw, session, &pair.decode, sequences)).await {
                         Err(refused) => refused,
                         Ok(_slots) => Box::pin(http_attempt(gw, session, ctx, &req, &pair)).await,
                     }

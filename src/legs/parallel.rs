@@ -209,8 +209,10 @@ pub async fn attempt(
             LegFacts::default(),
         ),
     };
+    // Boxed: opening both legs is the attempt's largest state, and it ends before the relay,
+    // which runs for the life of the stream; inline, its size would be held by every open stream.
     let opened = tokio::select! {
-        o = open_sample(gw, req, pair, &labels, legs) => o,
+        o = Box::pin(open_sample(gw, req, pair, &labels, legs)) => o,
         _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
     };
     let OpenSample {

@@ -398,7 +398,8 @@ pub async fn relay_decode(
             .observe(ttft.as_secs_f64());
     }
     if let Some(leg) = reusable {
-        gw.client.release(leg, &pair.decode.peer).await;
+        // Boxed: short-lived, and this future is held by the attempt for the stream's life.
+        Box::pin(gw.client.release(leg, &pair.decode.peer)).await;
     }
     match end {
         RelayEnd::Complete => Attempt::Answered,

@@ -171,7 +171,9 @@ pub async fn attempt(
             body,
         };
         let response = tokio::select! {
-            r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace) => r,
+            // Boxed, as the decode's opening below: short-lived states kept out of the attempt's
+        // future, which lives as long as the stream it relays.
+        r = Box::pin(prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace)) => r,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         };
         let response = match response {
@@ -259,7 +261,7 @@ pub async fn attempt(
         s.request_timeout
     };
     let opened = tokio::select! {
-        r = gw.client.open_traced(&pair.decode.peer, &decode_req, head_timeout, &mut decode_trace) => r,
+        r = Box::pin(gw.client.open_traced(&pair.decode.peer, &decode_req, head_timeout, &mut decode_trace)) => r,
         _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
     };
     let decode = match opened {

@@ -252,11 +252,13 @@ async fn serve_pd(
     route: Route,
 ) -> pingora::Result<bool> {
     crate::trace::start_request(session.req_header(), ctx);
-    let body = match read_body(
+    // Reading the body and admission are boxed: they end before the legs, and inline their
+    // state would stay in this future for the life of the stream.
+    let body = match Box::pin(read_body(
         session,
         gw.settings().max_payload_size,
         gw.settings().body_read_timeout,
-    )
+    ))
     .await
     {
         Ok(b) => b,
@@ -267,7 +269,7 @@ async fn serve_pd(
     };
     // Admitted after the body is in: a queued request is watched for its client leaving, and
     // a refused one leaves the connection reusable.
-    if let Some(answered) = admit(gw, session, ctx, true).await? {
+    if let Some(answered) = Box::pin(admit(gw, session, ctx, true)).await? {
         return Ok(answered);
     }
     let top = match scan_object(&body) {
