@@ -8,7 +8,7 @@
 //! * `share`  — a fixed number of requests: the share each engine served (a slow one first);
 //! * `policy` — the routing policies' micro-benchmark (`--features policy`);
 //! * `write-model` — the gRPC runs' model directory, and the token ids the gRPC mocks emit;
-//! * `table`  — a result file's markdown again, or its targets side by side (`pivot`);
+//! * `table`  — a result file's markdown again, or its targets side by side (`pivot`, `ratio`);
 //! * `canned-engine` — an SGLang-shaped engine answering from preformatted buffers (a few µs of
 //!   CPU per request), so the gateways' share is what the engines' CPU no longer hides.
 //!
@@ -101,11 +101,15 @@ struct WriteModelArgs {
 
 #[derive(Args)]
 struct TableArgs {
-    /// `sweep`, `pivot` (a sweep's targets side by side, medians over rounds), `hold`, `prefix`
-    /// or `share`.
+    /// `sweep`, `pivot` (a sweep's targets side by side, medians over rounds), `ratio` (direct,
+    /// peer and subject on the 1 KB points: c=64, c=1, streamed c=64), `hold`, `prefix` or
+    /// `share`.
     kind: String,
     /// The JSON-lines file written with `--json`.
     file: PathBuf,
+    /// `ratio`: the `hold` results whose memory per open stream the table adds.
+    #[arg(long)]
+    hold: Option<PathBuf>,
     #[command(flatten)]
     roles: RoleArgs,
 }
@@ -472,24 +476,33 @@ async fn share_run(a: ShareArgs) -> Result<(), String> {
     write_out(&a.out, &[r], &md)
 }
 
-fn table(a: TableArgs) -> Result<(), String> {
-    let text =
-        std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file.display()))?;
-    let rows: Vec<Value> = text
-        .lines()
+fn json_lines(file: &std::path::Path) -> Result<Vec<Value>, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", a.file.display()))?;
+        .map_err(|e| format!("{}: {e}", file.display()))
+}
+
+fn table(a: TableArgs) -> Result<(), String> {
+    let rows = json_lines(&a.file)?;
     let md = match a.kind.as_str() {
         "sweep" => report::sweep_table(&rows, &a.roles.roles()),
         "pivot" => report::pivot_table(&rows, &a.roles.roles()),
+        "ratio" => {
+            let holds = match &a.hold {
+                Some(h) if h.exists() => json_lines(h)?,
+                _ => Vec::new(),
+            };
+            report::ratio_table(&rows, &holds, &a.roles.roles())
+        }
         "hold" => hold::table(&rows),
         "prefix" => prefix::table(&rows),
         "share" => share::table(&rows),
         o => {
             return Err(format!(
-                "unknown table kind {o:?} (sweep | pivot | hold | prefix | share)"
+                "unknown table kind {o:?} (sweep | pivot | ratio | hold | prefix | share)"
             ))
         }
     };
