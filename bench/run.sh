@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/run.sh — pdgate side by side with direct-to-engine and an optional peer gateway.
+# bench/run.sh — pdgate side by side with direct-to-engine and a peer gateway (SMG by default).
 #
 # Builds release binaries, starts mock engines on loopback, starts pdgate (and PEER_CMD) on the
 # same engines, and runs `pdgate-bench sweep` over concurrency × prompt size × streaming, then a
@@ -58,8 +58,8 @@
 # `mock-collector`, and name its gRPC / HTTP endpoint), PEER_GRPC_CMD / PEER_GRPC_NAME, MODEL_DIR
 # (default $OUT/model).
 #
-# Engines: three identical mock SGLang engines per mode, role `both` (they serve a PD leg body as
-# a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
+# Engines: three identical SGLang engines per mode (canned-fast or mock `both`: they serve a PD
+# leg body as a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
 # prefill leg to the second and the decode leg to the third. So both paths do the same engine
 # work per leg and the difference is the gateway. The mocks' real rendezvous (role prefill/decode)
 # opens four TCP connections per request between the mocks and is too costly for a throughput
