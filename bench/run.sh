@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/run.sh — pdgate side by side with direct-to-engine and an optional peer gateway.
+# bench/run.sh — pdgate side by side with direct-to-engine and a peer gateway (SMG by default).
 #
 # Builds release binaries, starts mock engines on loopback, starts pdgate (and PEER_CMD) on the
 # same engines, and runs `pdgate-bench sweep` over concurrency × prompt size × streaming, then a
@@ -7,9 +7,10 @@
 #
 #   bench/run.sh                      # full run (~10 min)
 #   QUICK=1 bench/run.sh              # smoke run (< 1 min once built)
-#   PEER_CMD='smg launch --pd-disaggregation --prefill {prefill} {bootstrap} --decode {decode}
-#     --host 127.0.0.1 --port {port} --prometheus-port {metrics_port} --policy round_robin
-#     --log-level warn' PEER_NAME=smg bench/run.sh
+#   # the ratio table (results/ratio.md): near-zero-cost engines, SMG 1.13.0 already installed
+#   ROUNDS=3 ENGINES=canned-fast MODES=canned CONCURRENCY=1,64 PROMPTS=1024 STREAMS=10000
+#     SMG_VENV=/tmp/smg-venv bench/run.sh
+#   PEER_CMD='other-gateway --prefill {prefill} …' PEER_NAME=other bench/run.sh   # another peer
 #
 #   # the gRPC path: pdgate over HTTP and over gRPC, SMG over gRPC (see bench/README.md)
 #   MODES=grpc-canned STREAMS=0 CONCURRENCY=1,64 PROMPTS=1024 PEER_NAME=smg PEER_GRPC_CMD='smg
@@ -27,13 +28,24 @@
 # or grpc:// — and the bootstrap port), {host} {port} (where the peer must listen), {metrics_port}
 # (a free port for its metrics listener), {model_path} (the model directory of the gRPC modes).
 #
+# Peer: PEER_CMD when set; else SMG 1.13.0 (`smg` from SMG_VENV, default bench/.venv-smg, created
+# with `pip install smg==1.13.0` when missing; skipped with a note when that fails), named `smg`;
+# NO_PEER=1 runs without a peer.
+#
+# Engines (ENGINES, for the `canned` mode): `canned-fast` (default) = `pdgate-bench canned-engine`,
+# answers preformatted in a few µs of CPU, so the gateways' cost is not drowned by the engines';
+# the sweep is labelled `canned-fast`. `mock` = `mock-engine --role both --ttft-ms 0 --itl-ms 0`
+# (~85 µs per call), as before. `modeled`, the gRPC modes and the open-stream run always use
+# mock-engine (they need its timing and its gRPC side).
+#
 # Modes: canned, modeled (HTTP engines); grpc-canned, grpc-modeled: the same HTTP engines and
 # pdgate on them (target `pdgate-http`, and PEER_CMD's peer), plus two gRPC SGLang mocks with
 # pdgate on them (`pdgate-grpc`, the subject of the tables) and PEER_GRPC_CMD's peer
 # (`$PEER_NAME-grpc`, the tables' peer). The gateway tokenizes with a small model directory that
 # `pdgate-bench write-model` writes to MODEL_DIR, and the mocks emit that model's word pieces.
 #
-# Knobs (environment): QUICK, SKIP_BUILD=1, BIN_DIR (prebuilt binaries), CARGO_TARGET_DIR,
+# Knobs (environment): QUICK, SKIP_BUILD=1, ENGINES, NO_PEER, SMG_VENV, STREAM_CHUNKS (canned-fast
+# engines' tokens per answer, default MAX_TOKENS), BIN_DIR (prebuilt binaries), CARGO_TARGET_DIR,
 # OUT (results dir), PORT_BASE (default 24000), DURATION / WARMUP (seconds per point),
 # CONCURRENCY, PROMPTS, STREAM ("off,on"), MODES ("canned modeled"), ROUNDS (default 1: each
 # mode's sweep runs this many times, labelled MODE/rN, gateways in reverse order every other
@@ -46,8 +58,8 @@
 # `mock-collector`, and name its gRPC / HTTP endpoint), PEER_GRPC_CMD / PEER_GRPC_NAME, MODEL_DIR
 # (default $OUT/model).
 #
-# Engines: three identical mock SGLang engines per mode, role `both` (they serve a PD leg body as
-# a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
+# Engines: three identical SGLang engines per mode (canned-fast or mock `both`: they serve a PD
+# leg body as a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
 # prefill leg to the second and the decode leg to the third. So both paths do the same engine
 # work per leg and the difference is the gateway. The mocks' real rendezvous (role prefill/decode)
 # opens four TCP connections per request between the mocks and is too costly for a throughput
@@ -61,9 +73,12 @@ PORT_BASE=${PORT_BASE:-24000}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BIN_DIR:-$CARGO_TARGET_DIR/release}
 PEER_CMD=${PEER_CMD:-}
-PEER_NAME=${PEER_NAME:-peer}
+PEER_NAME=${PEER_NAME:-}
+NO_PEER=${NO_PEER:-0}
+SMG_VENV=${SMG_VENV:-$ROOT/bench/.venv-smg}
+SMG_VERSION=1.13.0
+ENGINES=${ENGINES:-canned-fast}
 PEER_GRPC_CMD=${PEER_GRPC_CMD:-}
-PEER_GRPC_NAME=${PEER_GRPC_NAME:-$PEER_NAME-grpc}
 PDGATE_ALT=${PDGATE_ALT:-}
 PDGATE_ALT_YAML=${PDGATE_ALT_YAML:-}
 STREAM=${STREAM:-off,on}
@@ -74,6 +89,7 @@ MAX_TOKENS=${MAX_TOKENS:-16}
 MODELED_TTFT_MS=${MODELED_TTFT_MS:-20}
 MODELED_ITL_MS=${MODELED_ITL_MS:-2}
 HOLD_ITL_MS=${HOLD_ITL_MS:-1000}
+STREAM_CHUNKS=${STREAM_CHUNKS:-$MAX_TOKENS}
 if [[ $QUICK == 1 ]]; then
   DURATION=${DURATION:-1}; WARMUP=${WARMUP:-0.3}
   CONCURRENCY=${CONCURRENCY:-1,64}; PROMPTS=${PROMPTS:-1024}
@@ -98,6 +114,38 @@ start_mock() {
   MOCK_PID=$!
   PIDS+=("$MOCK_PID")
   wait_http "http://127.0.0.1:$port/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
+}
+
+# start_canned NAME PORT: a `pdgate-bench canned-engine` (one thread, preformatted answers);
+# sets MOCK_PID.
+start_canned() {
+  local name=$1 port=$2
+  port_free "$port" || die "port $port is busy (set PORT_BASE)"
+  "$BIN/pdgate-bench" canned-engine --host 127.0.0.1 --port "$port" \
+    --stream-chunks "$STREAM_CHUNKS" >"$OUT/logs/$name.log" 2>&1 &
+  MOCK_PID=$!
+  PIDS+=("$MOCK_PID")
+  wait_http "http://127.0.0.1:$port/health" || die "engine $name did not start (see $OUT/logs/$name.log)"
+}
+
+# smg_peer: when no PEER_CMD is given, SMG $SMG_VERSION from SMG_VENV (installed there with pip
+# when missing) becomes the peer; sets PEER_CMD and PEER_NAME, or says why there is no peer.
+smg_peer() {
+  [[ -z $PEER_CMD && $NO_PEER != 1 ]] || return 0
+  local smg=$SMG_VENV/bin/smg
+  if [[ ! -x $smg ]]; then
+    log "installing SMG $SMG_VERSION into $SMG_VENV (set SMG_VENV to reuse an install, NO_PEER=1 to skip)"
+    if ! { python3 -m venv "$SMG_VENV" && "$SMG_VENV/bin/pip" install -q "smg==$SMG_VERSION"; } \
+      >"$OUT/logs/smg-install.log" 2>&1; then
+      log "note: SMG could not be installed (see $OUT/logs/smg-install.log): running without a peer"
+      return 0
+    fi
+  fi
+  # SMG waits 180 s for in-flight requests by default when stopped; the bench has none left.
+  PEER_CMD="$smg launch --pd-disaggregation --prefill {prefill} {bootstrap} --decode {decode}"
+  PEER_CMD+=" --host {host} --port {port} --prometheus-port {metrics_port} --policy round_robin"
+  PEER_CMD+=" --log-level warn --shutdown-grace-period-secs 1"
+  PEER_NAME=${PEER_NAME:-smg}
 }
 
 # start_grpc_mock NAME PORT CONTROL_PORT TTFT ITL: a `both` gRPC SGLang mock emitting the model
@@ -169,10 +217,13 @@ start_peer() {
 # ---- build -----------------------------------------------------------------------------------
 build_binaries
 mkdir -p "$OUT/logs"
+smg_peer
+PEER_NAME=${PEER_NAME:-peer}
+PEER_GRPC_NAME=${PEER_GRPC_NAME:-$PEER_NAME-grpc}
 # Many open streams need many descriptors: the gateway holds two per stream (client + decode).
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
-rm -f "$OUT/sweep.jsonl" "$OUT/hold.jsonl" "$OUT"/sweep-*.jsonl
+rm -f "$OUT/sweep.jsonl" "$OUT/hold.jsonl" "$OUT"/sweep-*.jsonl "$OUT/ratio.md"
 case " $MODES " in
   *" grpc-"*)
     # The gateway's tokenizer and chat template; the gRPC mocks emit this model's word pieces.
@@ -196,7 +247,7 @@ esac
   echo "gRPC peer: ${PEER_GRPC_CMD:+$PEER_GRPC_NAME: $PEER_GRPC_CMD}"
   [[ -z $PDGATE_ALT ]] || echo "other pdgate builds: $PDGATE_ALT"
   [[ -z $PDGATE_ALT_YAML ]] || echo "their extra gateway keys: $(echo "$PDGATE_ALT_YAML" | xargs)"
-  echo "STREAM=$STREAM ROUNDS=$ROUNDS MODEL_DIR=$MODEL_DIR"
+  echo "STREAM=$STREAM ROUNDS=$ROUNDS MODEL_DIR=$MODEL_DIR ENGINES=$ENGINES STREAM_CHUNKS=$STREAM_CHUNKS"
 } >"$OUT/env.txt"
 
 # ---- sweeps ----------------------------------------------------------------------------------
@@ -210,12 +261,18 @@ for mode in $MODES; do
   esac
   grpc=0
   [[ $mode == grpc-* ]] && grpc=1
+  engine=start_mock
+  case $mode:$ENGINES in
+    canned:canned-fast) engine=start_canned; mode=canned-fast ;;
+    *:canned-fast | *:mock) ;;
+    *) die "unknown ENGINES=$ENGINES (canned-fast | mock)" ;;
+  esac
   base=$((PORT_BASE + offset)); offset=$((offset + 40))
-  log "mode $mode: engines TTFT ${ttft} ms, ITL ${itl} ms"
+  log "mode $mode: engines ${engine#start_}, TTFT ${ttft} ms, ITL ${itl} ms"
   http=http://127.0.0.1
-  start_mock "$mode-direct" $((base + 1)) "$ttft" "$itl"; direct_pid=$MOCK_PID
-  start_mock "$mode-prefill" $((base + 2)) "$ttft" "$itl"; prefill_pid=$MOCK_PID
-  start_mock "$mode-decode" $((base + 3)) "$ttft" "$itl"; decode_pid=$MOCK_PID
+  $engine "$mode-direct" $((base + 1)) "$ttft" "$itl"; direct_pid=$MOCK_PID
+  $engine "$mode-prefill" $((base + 2)) "$ttft" "$itl"; prefill_pid=$MOCK_PID
+  $engine "$mode-decode" $((base + 3)) "$ttft" "$itl"; decode_pid=$MOCK_PID
   watch=(--watch "direct=$direct_pid" --watch "prefill=$prefill_pid" --watch "decode=$decode_pid")
   engines=(--engine "$http:$((base + 1))" --engine "$http:$((base + 2))" --engine "$http:$((base + 3))")
   # The gateways, in the order they run at each point (direct always first).
@@ -317,6 +374,23 @@ fi
 
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/env.txt"
 
+# ---- the ratio table (issue 15): direct / peer / pdgate on the canned-fast engines ------------
+if [[ -f $OUT/sweep-canned-fast.jsonl ]]; then
+  ratio_roles=(--subject pdgate)
+  [[ -z $PEER_CMD ]] || ratio_roles+=(--peer "$PEER_NAME")
+  {
+    echo "# Gateway cost on near-zero-cost engines (canned-fast)"
+    echo
+    echo "$(grep '^date' "$OUT/env.txt" | cut -d' ' -f2) — $(grep -E '^(commit|binaries)' "$OUT/env.txt");" \
+      "$(grep '^load average at start' "$OUT/env.txt"); $(tail -n1 "$OUT/env.txt")."
+    echo "Engines: \`pdgate-bench canned-engine\` ×3 (direct = one; the gateways: prefill leg to the"
+    echo "second, decode leg to the third). Points of DURATION=${DURATION} s; ROUNDS=$ROUNDS interleaved."
+    echo
+    "$BIN/pdgate-bench" table ratio "$OUT/sweep-canned-fast.jsonl" --hold "$OUT/hold.jsonl" \
+      "${ratio_roles[@]}"
+  } >"$OUT/ratio.md"
+fi
+
 # ---- plot ------------------------------------------------------------------------------------
 if python3 -c 'import matplotlib' 2>/dev/null; then
   python3 "$ROOT/bench/plot.py" "$OUT/sweep.jsonl" "$OUT/sweep.png" && log "plot: $OUT/sweep.png"
@@ -326,4 +400,5 @@ fi
 log "results: $OUT/sweep.md $OUT/sweep-*-pivot.md $OUT/hold.md $OUT/sweep.jsonl $OUT/env.txt"
 cat "$OUT/sweep.md" "$OUT"/sweep-*-pivot.md
 [[ -f $OUT/hold.md ]] && cat "$OUT/hold.md"
+[[ -f $OUT/ratio.md ]] && cat "$OUT/ratio.md"
 exit 0

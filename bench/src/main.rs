@@ -8,10 +8,13 @@
 //! * `share`  — a fixed number of requests: the share each engine served (a slow one first);
 //! * `policy` — the routing policies' micro-benchmark (`--features policy`);
 //! * `write-model` — the gRPC runs' model directory, and the token ids the gRPC mocks emit;
-//! * `table`  — a result file's markdown again, or its targets side by side (`pivot`).
+//! * `table`  — a result file's markdown again, or its targets side by side (`pivot`, `ratio`);
+//! * `canned-engine` — an SGLang-shaped engine answering from preformatted buffers (a few µs of
+//!   CPU per request), so the gateways' share is what the engines' CPU no longer hides.
 //!
 //! Loopback only, every run bounded in seconds. See bench/README.md.
 
+mod canned;
 mod control;
 mod hold;
 mod http1;
@@ -65,6 +68,28 @@ enum Command {
     Table(TableArgs),
     /// Write the gRPC runs' model directory; print the ids the mocks emit and the EOS id.
     WriteModel(WriteModelArgs),
+    /// An SGLang-shaped HTTP/1.1 engine answering from preformatted buffers (one thread).
+    CannedEngine(CannedEngineArgs),
+}
+
+#[derive(Args)]
+struct CannedEngineArgs {
+    #[arg(long, default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    #[arg(long)]
+    port: u16,
+    /// Output tokens of every answer: the token events of a streamed one (then one finish +
+    /// usage event and `[DONE]`), the words of a non-streamed one.
+    #[arg(long, default_value_t = 16)]
+    stream_chunks: usize,
+    /// The `prompt_tokens` every answer reports (prompts are not tokenized).
+    #[arg(long, default_value_t = 170)]
+    prompt_tokens: usize,
+    #[arg(long, default_value = workload::MODEL)]
+    model: String,
+    /// Reported in `/get_server_info` and `/v1/loads`.
+    #[arg(long, default_value_t = 100_000)]
+    max_running_requests: u32,
 }
 
 #[derive(Args)]
@@ -76,11 +101,15 @@ struct WriteModelArgs {
 
 #[derive(Args)]
 struct TableArgs {
-    /// `sweep`, `pivot` (a sweep's targets side by side, medians over rounds), `hold`, `prefix`
-    /// or `share`.
+    /// `sweep`, `pivot` (a sweep's targets side by side, medians over rounds), `ratio` (direct,
+    /// peer and subject on the 1 KB points: c=64, c=1, streamed c=64), `hold`, `prefix` or
+    /// `share`.
     kind: String,
     /// The JSON-lines file written with `--json`.
     file: PathBuf,
+    /// `ratio`: the `hold` results whose memory per open stream the table adds.
+    #[arg(long)]
+    hold: Option<PathBuf>,
     #[command(flatten)]
     roles: RoleArgs,
 }
@@ -261,19 +290,30 @@ struct PolicyArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cli.threads.max(1))
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let threads = cli.threads.max(1);
+    // Built only by the subcommands that use it: `canned-engine` runs on one thread of its own.
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    };
     let result = match cli.command {
-        Command::Sweep(a) => rt.block_on(sweep(a)),
-        Command::Hold(a) => rt.block_on(hold(a)),
-        Command::Prefix(a) => rt.block_on(prefix_run(a)),
-        Command::Share(a) => rt.block_on(share_run(a)),
+        Command::Sweep(a) => rt().block_on(sweep(a)),
+        Command::Hold(a) => rt().block_on(hold(a)),
+        Command::Prefix(a) => rt().block_on(prefix_run(a)),
+        Command::Share(a) => rt().block_on(share_run(a)),
         Command::Policy(a) => policy(a),
         Command::Table(a) => table(a),
         Command::WriteModel(a) => write_model(a),
+        Command::CannedEngine(a) => canned::run(canned::CannedSpec {
+            addr: SocketAddr::new(a.host, a.port),
+            tokens: a.stream_chunks,
+            prompt_tokens: a.prompt_tokens,
+            model: a.model,
+            max_running_requests: a.max_running_requests,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -436,24 +476,33 @@ async fn share_run(a: ShareArgs) -> Result<(), String> {
     write_out(&a.out, &[r], &md)
 }
 
-fn table(a: TableArgs) -> Result<(), String> {
-    let text =
-        std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file.display()))?;
-    let rows: Vec<Value> = text
-        .lines()
+fn json_lines(file: &std::path::Path) -> Result<Vec<Value>, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", a.file.display()))?;
+        .map_err(|e| format!("{}: {e}", file.display()))
+}
+
+fn table(a: TableArgs) -> Result<(), String> {
+    let rows = json_lines(&a.file)?;
     let md = match a.kind.as_str() {
         "sweep" => report::sweep_table(&rows, &a.roles.roles()),
         "pivot" => report::pivot_table(&rows, &a.roles.roles()),
+        "ratio" => {
+            let holds = match &a.hold {
+                Some(h) if h.exists() => json_lines(h)?,
+                _ => Vec::new(),
+            };
+            report::ratio_table(&rows, &holds, &a.roles.roles())
+        }
         "hold" => hold::table(&rows),
         "prefix" => prefix::table(&rows),
         "share" => share::table(&rows),
         o => {
             return Err(format!(
-                "unknown table kind {o:?} (sweep | pivot | hold | prefix | share)"
+                "unknown table kind {o:?} (sweep | pivot | ratio | hold | prefix | share)"
             ))
         }
     };

@@ -168,18 +168,10 @@ pub fn pivot_table(results: &[Value], roles: &Roles) -> String {
             points.push(r);
         }
     }
-    let metric = |p: &Value, t: &str, key: &str| -> (Option<f64>, usize) {
-        let xs: Vec<f64> = results
-            .iter()
-            .filter(|o| {
-                o.get("target").and_then(Value::as_str) == Some(t)
-                    && base_mode(o) == base_mode(p)
-                    && same_size_stream_c(o, p)
-            })
-            .filter_map(|o| num(o, key))
-            .collect();
-        let n = xs.len();
-        (median(xs), n)
+    let metric = |p: &Value, t: &str, key: &str| {
+        median_where(results, t, key, |o| {
+            base_mode(o) == base_mode(p) && same_size_stream_c(o, p)
+        })
     };
     let mut out = String::from("| mode | stream | prompt | c | rounds |");
     let mut rule = String::from("|---|---|---:|---:|---:|");
@@ -248,6 +240,137 @@ pub fn pivot_table(results: &[Value], roles: &Roles) -> String {
     out
 }
 
+/// The median over rounds of `key` in `target`'s rows that `at` selects, and how many rows had it.
+fn median_where(
+    results: &[Value],
+    target: &str,
+    key: &str,
+    at: impl Fn(&Value) -> bool,
+) -> (Option<f64>, usize) {
+    let xs: Vec<f64> = results
+        .iter()
+        .filter(|o| o.get("target").and_then(Value::as_str) == Some(target) && at(o))
+        .filter_map(|o| num(o, key))
+        .collect();
+    let n = xs.len();
+    (median(xs), n)
+}
+
+/// The headline table of issue 15: direct, the peer and the subject side by side on the points
+/// that show a gateway's own cost — 1 KB chat, non-streamed at c=64 and c=1, streamed at c=64
+/// (medians over rounds) — and, from `holds` (`hold` rows), the memory of many open streams.
+/// Columns whose target did not run stay empty.
+pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String {
+    let (s, d) = (roles.subject, roles.baseline.unwrap_or("direct"));
+    let p = roles.peer.unwrap_or("peer");
+    let at = |stream: bool, c: u64| {
+        move |o: &Value| {
+            o.get("stream").and_then(Value::as_bool) == Some(stream)
+                && o.get("concurrency").and_then(Value::as_u64) == Some(c)
+                && (num(o, "prompt_bytes").unwrap_or(0.0) / 1024.0).round() == 1.0
+        }
+    };
+    let m = |t: &str, key: &str, stream: bool, c: u64| median_where(results, t, key, at(stream, c));
+    let rounds = [d, p, s]
+        .iter()
+        .map(|t| m(t, "rps", false, 64).1)
+        .max()
+        .unwrap_or(0);
+    let mut out = format!(
+        "| 1 KB chat, {rounds} round(s), medians | {d} | {p} | {s} | {s} ÷ {p} | {s} − {d} |\n|---|---:|---:|---:|---:|---:|\n"
+    );
+    // One row: the three targets' values, the subject's ratio to the peer, and (for latencies)
+    // the subject's excess over direct in µs.
+    let mut row = |label: &str, vals: [Option<f64>; 3], digits: usize, excess_us: bool| {
+        let excess = if excess_us {
+            vals[2].zip(vals[0]).map(|(a, b)| (a - b) * 1000.0)
+        } else {
+            None
+        };
+        let _ = writeln!(
+            out,
+            "| {label} | {} | {} | {} | {} | {} |",
+            fmt(vals[0], digits),
+            fmt(vals[1], digits),
+            fmt(vals[2], digits),
+            fmt(ratio(vals[2], vals[1]), 2),
+            excess.map_or_else(|| "–".into(), |x| format!("{x:.0} µs")),
+        );
+    };
+    let all = |key: &str, stream: bool, c: u64| {
+        [
+            m(d, key, stream, c).0,
+            m(p, key, stream, c).0,
+            m(s, key, stream, c).0,
+        ]
+    };
+    let gateways =
+        |key: &str, stream: bool, c: u64| [None, m(p, key, stream, c).0, m(s, key, stream, c).0];
+    row("req/s, c=64", all("rps", false, 64), 0, false);
+    row(
+        "gateway CPU µs/request, c=64",
+        gateways("gateway_cpu_us_per_req", false, 64),
+        0,
+        false,
+    );
+    row(
+        "engines CPU µs/request, c=64",
+        all("engines_cpu_us_per_req_total", false, 64),
+        1,
+        false,
+    );
+    row(
+        "gateway peak RSS MB, c=64",
+        gateways("gateway_peak_rss_mb", false, 64),
+        1,
+        false,
+    );
+    row("p50 ms, c=1", all("p50_ms", false, 1), 3, true);
+    row(
+        "gateway CPU µs/request, c=1",
+        gateways("gateway_cpu_us_per_req", false, 1),
+        0,
+        false,
+    );
+    row("streamed req/s, c=64", all("rps", true, 64), 0, false);
+    row(
+        "streamed gateway CPU µs/request, c=64",
+        gateways("gateway_cpu_us_per_req", true, 64),
+        0,
+        false,
+    );
+    let hold = |t: &str, key: &str| {
+        holds
+            .iter()
+            .find(|h| h.get("target").and_then(Value::as_str) == Some(t))
+            .and_then(|h| num(h, key))
+    };
+    if !holds.is_empty() {
+        let open = |t: &str| hold(t, "streams_open").map_or("–".into(), |n| format!("{n:.0}"));
+        row(
+            &format!(
+                "KB per open stream ({p}: {}, {s}: {} open)",
+                open(p),
+                open(s)
+            ),
+            [
+                None,
+                hold(p, "rss_per_stream_kb"),
+                hold(s, "rss_per_stream_kb"),
+            ],
+            1,
+            false,
+        );
+        row(
+            "idle RSS MB (before the streams)",
+            [None, hold(p, "rss_idle_mb"), hold(s, "rss_idle_mb")],
+            1,
+            false,
+        );
+    }
+    out
+}
+
 fn same_size_stream_c(a: &Value, b: &Value) -> bool {
     a.get("stream") == b.get("stream")
         && a.get("concurrency") == b.get("concurrency")
@@ -301,6 +424,54 @@ mod tests {
         );
         assert_eq!(base_mode(&json!({"mode": "grpc-canned"})), "grpc-canned");
         assert_eq!(base_mode(&json!({"mode": "a/rx"})), "a/rx");
+    }
+
+    #[test]
+    fn ratio_table_sets_direct_peer_and_subject_side_by_side() {
+        let point =
+            |mode: &str, t: &str, stream: bool, c: u64, rps: f64, p50: f64, cpu: Option<f64>| {
+                json!({"mode":mode,"stream":stream,"prompt_bytes":1030,"concurrency":c,"target":t,
+                   "rps":rps,"p50_ms":p50,"gateway_cpu_us_per_req":cpu,"errors":0})
+            };
+        let rows = vec![
+            point("f/r1", "direct", false, 64, 100000.0, 0.6, None),
+            point("f/r1", "smg", false, 64, 10000.0, 6.0, Some(100.0)),
+            point("f/r1", "pdgate", false, 64, 30000.0, 2.0, Some(40.0)),
+            point("f/r2", "pdgate", false, 64, 20000.0, 2.0, Some(60.0)),
+            point("f/r1", "direct", false, 1, 20000.0, 0.040, None),
+            point("f/r1", "pdgate", false, 1, 5000.0, 0.110, Some(90.0)),
+        ];
+        let holds = vec![
+            json!({"target":"pdgate","streams_open":9800,"rss_per_stream_kb":44.9,"rss_idle_mb":10.3}),
+        ];
+        let roles = Roles {
+            subject: "pdgate",
+            baseline: Some("direct"),
+            peer: Some("smg"),
+        };
+        let t = ratio_table(&rows, &holds, &roles);
+        let line = |start: &str| {
+            t.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("{t}"))
+        };
+        assert!(t.starts_with("| 1 KB chat, 2 round(s), medians | direct | smg | pdgate | pdgate ÷ smg | pdgate − direct |"), "{t}");
+        assert_eq!(
+            line("| req/s, c=64 "),
+            "| req/s, c=64 | 100000 | 10000 | 25000 | 2.50 | – |"
+        );
+        assert_eq!(
+            line("| gateway CPU µs/request, c=64 "),
+            "| gateway CPU µs/request, c=64 | – | 100 | 50 | 0.50 | – |"
+        );
+        assert_eq!(
+            line("| p50 ms, c=1 "),
+            "| p50 ms, c=1 | 0.040 | – | 0.110 | – | 70 µs |"
+        );
+        assert_eq!(
+            line("| KB per open stream"),
+            "| KB per open stream (smg: –, pdgate: 9800 open) | – | – | 44.9 | – | – |"
+        );
     }
 
     #[test]
