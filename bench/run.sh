@@ -341,8 +341,10 @@ done
 
 # ---- many open streams -----------------------------------------------------------------------
 if [[ $STREAMS -gt 0 ]]; then
-  # Two descriptors per stream in the gateway (client + decode leg), plus listeners and pools.
-  fit=$(( (NOFILE - 400) / 2 ))
+  # Two descriptors per stream in the gateway (client + decode leg), plus listeners and the
+  # pooled prefill connections (a few hundred once thousands of prefills have run: with only
+  # 400 spare, the last ~100 accepts of a 20,000-descriptor gateway failed with EMFILE).
+  fit=$(( (NOFILE - 1000) / 2 ))
   streams=$STREAMS
   if [[ $streams -gt $fit ]]; then
     log "nofile hard limit $NOFILE fits $fit streams through a gateway, not $STREAMS: holding $fit"
