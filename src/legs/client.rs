@@ -472,6 +472,14 @@ impl OpenLeg {
         (200..300).contains(&self.status)
     }
 
+    /// Frees the response head's headers (a streamed leg relays for minutes once its head has
+    /// been turned into the client's): afterwards [`OpenLeg::head`] has the status only.
+    pub fn shed_head(&mut self) {
+        if let Ok(bare) = ResponseHeader::build(self.status, Some(0)) {
+            self.head = bare;
+        }
+    }
+
     /// The response head.
     pub fn head(&self) -> &ResponseHeader {
         &self.head

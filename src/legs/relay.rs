@@ -133,8 +133,10 @@ pub async fn relay(
 ) -> (RelayEnd, Option<OpenLeg>) {
     leg.set_read_timeout(Some(plan.stall_timeout));
     let status = leg.status();
+    // The one-shot steps are boxed where awaited: this future lives as long as the stream, and
+    // inline each would size it (see "Memory per open stream" in bench/README.md).
     if !plan.streaming {
-        return relay_whole(session, ctx, leg, &mut plan, status).await;
+        return Box::pin(relay_whole(session, ctx, leg, &mut plan, status)).await;
     }
     let head = match stream_head(leg.head(), status, ctx, plan.decode_url) {
         Ok(h) => h,
@@ -145,7 +147,12 @@ pub async fn relay(
             )
         }
     };
-    if start_stream(session, ctx, head, status).await.is_err() {
+    // The client's head is built: the engine's is not needed again.
+    leg.shed_head();
+    if Box::pin(start_stream(session, ctx, head, status))
+        .await
+        .is_err()
+    {
         return (RelayEnd::ClientGone, None);
     }
     let mut merge = match plan.logprobs {
@@ -171,7 +178,7 @@ pub async fn relay(
                     kind: LegErrorKind::Body,
                     detail: "the prefill leg failed before the KV was handed over".into(),
                 };
-                return match end_stream_with_error(session, ctx, &e).await {
+                return match Box::pin(end_stream_with_error(session, ctx, &e)).await {
                     RelayEnd::ClientGone => (RelayEnd::ClientGone, None),
                     _ => (RelayEnd::PrefillFailed(None), None),
                 };
@@ -187,7 +194,12 @@ pub async fn relay(
                 }
                 break;
             }
-            Err(e) => return (end_stream_with_error(session, ctx, &e).await, None),
+            Err(e) => {
+                return (
+                    Box::pin(end_stream_with_error(session, ctx, &e)).await,
+                    None,
+                )
+            }
         };
         if !saw_done && done.feed(&chunk) {
             saw_done = true;
