@@ -58,7 +58,7 @@ fn chat(max_tokens: usize, stream: bool) -> Value {
         "messages": [{"role": "user", "content": "Say something about the weather."}]})
 }
 
-fn sse_text(body: &str) -> String {
+pub(crate) fn sse_text(body: &str) -> String {
     body.lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")

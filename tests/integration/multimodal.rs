@@ -283,6 +283,12 @@ async fn pd_image_reaches_only_the_prefill(
         .await;
     assert_eq!(r.status, 200, "{}\n{}", r.text(), gw.log());
     assert_eq!(r.json()["choices"][0]["message"]["content"], want.as_str());
+    // Streamed: the same text, event by event.
+    let mut streamed = chat(parts.clone(), 8);
+    streamed["stream"] = json!(true);
+    let r = gw.post("/v1/chat/completions", &streamed).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(crate::grpc_pd::sse_text(&r.text()), want);
     // Another colour is another answer: the text depends on the pixels.
     let blue = image(BLUE, 56, 56, false);
     let other = vec![
@@ -294,7 +300,7 @@ async fn pd_image_reaches_only_the_prefill(
     assert_ne!(r2.json()["choices"][0]["message"]["content"], want.as_str());
 
     let (pm, dm) = (mm_of(&p), mm_of(&d));
-    assert_eq!((pm.len(), dm.len()), (2, 2), "{pm:?}\n{dm:?}");
+    assert_eq!((pm.len(), dm.len()), (3, 3), "{pm:?}\n{dm:?}");
     assert!(pm.iter().all(|m| m.pixels && m.items == 1), "{pm:?}");
     assert!(dm.iter().all(|m| !m.pixels), "a decode got pixels: {dm:?}");
     assert_eq!(pm[0].placeholders[0][1] as usize, tokens, "{pm:?}");
