@@ -15,7 +15,7 @@ use bytes::Bytes;
 use pdgate_convert::{MediaRef, MediaSource};
 use pdgate_filters::errors::ErrorCode;
 use pdgate_media::{Fetcher, MediaError};
-use pdgate_mm::{Family, MmError};
+use pdgate_mm::MmError;
 
 use super::engine::Engine;
 use crate::config::{defaults, MmProcessing};
@@ -37,7 +37,6 @@ pub enum Processing {
 pub struct Media {
     pub items: Vec<Item>,
     pub processing: Processing,
-    pub family: Family,
     /// Qwen2-VL's M-RoPE: the decode needs the grid tensors to compute positions.
     pub mrope: bool,
     /// The prompt token each image expands.
@@ -146,7 +145,6 @@ pub async fn prepare(
         }
         _ => Processing::Gateway,
     };
-    let family = vision.processor.family();
     let mrope = vision.processor.uses_mrope();
     let image_token_id = vision.image_token_id;
     let items = match processing {
@@ -156,7 +154,6 @@ pub async fn prepare(
     Ok(Arc::new(Media {
         items,
         processing,
-        family,
         mrope,
         image_token_id,
     }))
@@ -182,7 +179,7 @@ fn worker_refs(
             let url = r.url();
             if let MediaSource::Url(u) = &r.source {
                 if !u.starts_with("data:") {
-                    pdgate_media::check_target(u, &policy).map_err(fetch_refused)?;
+                    pdgate_media::check_target(u, &policy).map_err(fetch_failed)?;
                 }
             }
             Ok(Item {
@@ -271,10 +268,6 @@ async fn gateway_items(
 
 fn fetch_failed(e: MediaError) -> Reply {
     Reply::error(ErrorCode::MediaFetchFailed, format!("image: {e}"))
-}
-
-fn fetch_refused(e: MediaError) -> Reply {
-    fetch_failed(e)
 }
 
 fn invalid_media(e: MmError) -> Reply {
