@@ -44,6 +44,10 @@ mod ring;
 mod round_robin;
 mod worker_ids;
 
+/// The fixed, seedless hash of ring positions, for other placements that must agree across
+/// restarts and replicas (EPD's encode placement).
+pub(crate) use hash::hash_bytes;
+
 #[cfg(test)]
 mod fixtures;
 #[cfg(test)]

@@ -6,7 +6,6 @@
 //! encoder (whose cache may still hold it), and an encoder joining or leaving moves only the
 //! items that hash to it — with no ring to rebuild when the fleet changes.
 
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -22,14 +21,13 @@ pub struct EncodePicker {
     next: AtomicUsize,
 }
 
-/// A fixed-key hasher, so every gateway replica places an item on the same encoder.
+/// An item's weight on an encoder: the routing policies' fixed, seedless hash
+/// (`policy::hash_bytes`), so every restart and replica places an item on the same encoder.
 fn weight(hash: &[u8; 32], url: &str) -> u64 {
-    let mut h =
-        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-            .build_hasher();
-    h.write(hash);
-    h.write(url.as_bytes());
-    h.finish()
+    let mut key = Vec::with_capacity(hash.len() + url.len());
+    key.extend_from_slice(hash);
+    key.extend_from_slice(url.as_bytes());
+    crate::policy::hash_bytes(&key)
 }
 
 impl EncodePicker {
