@@ -555,14 +555,9 @@ fn grpc_reference(
 ) -> Result<String, String> {
     use pdgate_proto::sglang;
     let text = tok
-        .render_chat(&pdgate_tokenize::ChatInput {
-            messages: messages.as_array().map(Vec::as_slice).unwrap_or(&[]),
-            tools: None,
-            documents: None,
-            add_generation_prompt: true,
-            continue_final_message: false,
-            template_kwargs: None,
-        })
+        .render_chat(&pdgate_tokenize::ChatInput::conversation(
+            messages.as_array().map(Vec::as_slice).unwrap_or(&[]),
+        ))
         .map_err(|e| e.to_string())?;
     let ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -471,14 +471,9 @@ async fn count_tokens_is_answered_by_the_gateway_without_any_leg() {
     assert_eq!(r.status, 200, "{}", r.text());
     let tok = Tokenizer::from_dir(model_dir()).unwrap();
     let text = tok
-        .render_chat(&pdgate_tokenize::ChatInput {
-            messages: messages.as_array().unwrap(),
-            tools: None,
-            documents: None,
-            add_generation_prompt: true,
-            continue_final_message: false,
-            template_kwargs: None,
-        })
+        .render_chat(&pdgate_tokenize::ChatInput::conversation(
+            messages.as_array().unwrap(),
+        ))
         .unwrap();
     assert_eq!(
         r.json()["input_tokens"].as_u64(),
@@ -856,14 +851,9 @@ async fn moriio_over_grpc_is_refused_with_501() {
 fn chat_ids(messages: &Value) -> Vec<u32> {
     let tok = Tokenizer::from_dir(model_dir()).unwrap();
     let text = tok
-        .render_chat(&pdgate_tokenize::ChatInput {
-            messages: messages.as_array().unwrap(),
-            tools: None,
-            documents: None,
-            add_generation_prompt: true,
-            continue_final_message: false,
-            template_kwargs: None,
-        })
+        .render_chat(&pdgate_tokenize::ChatInput::conversation(
+            messages.as_array().unwrap(),
+        ))
         .unwrap();
     tok.encode(&text, false).unwrap()
 }

@@ -157,14 +157,7 @@ fn expected_seeded(
         .collect();
     let messages = vec![json!({"role": "user", "content": template_parts})];
     let text = tok
-        .render_chat(&ChatInput {
-            messages: &messages,
-            tools: None,
-            documents: None,
-            add_generation_prompt: true,
-            continue_final_message: false,
-            template_kwargs: None,
-        })
+        .render_chat(&ChatInput::conversation(&messages))
         .unwrap();
     let ids = tok.encode(&text, false).unwrap();
     let (expanded, ranges) = expand(&ids, family.image_token_id(), images);

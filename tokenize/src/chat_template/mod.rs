@@ -42,6 +42,18 @@ pub struct ChatInput<'a> {
     pub template_kwargs: Option<&'a Map<String, Json>>,
 }
 
+impl<'a> ChatInput<'a> {
+    /// A plain conversation that asks the model to answer: `messages`, the assistant's header
+    /// at the end, no tools, documents or extra variables.
+    pub fn conversation(messages: &'a [Json]) -> Self {
+        ChatInput {
+            messages,
+            add_generation_prompt: true,
+            ..ChatInput::default()
+        }
+    }
+}
+
 /// One compiled chat template.
 #[derive(Debug)]
 pub struct ChatTemplate {
