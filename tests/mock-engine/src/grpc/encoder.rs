@@ -130,16 +130,7 @@ impl EncodeGuard {
 
 impl Drop for EncodeGuard {
     fn drop(&mut self) {
-        self.shared
-            .counters
-            .with(|c| c.in_flight = c.in_flight.saturating_sub(1));
-        if !self.done {
-            self.shared.recorder.update(self.seq, |r| {
-                r.outcome.cancelled = true;
-                r.outcome.done_at_ms = Some(now_ms());
-                r.outcome.error = Some("client cancelled the call".into());
-            });
-        }
+        super::generate::call_ended(&self.shared, self.seq, self.done);
     }
 }
 

@@ -833,20 +833,26 @@ impl CallGuard {
     }
 }
 
+/// A gRPC call's guard dropped (`Generate` or an encoder's `Encode`): the call leaves the
+/// in-flight count and, unless it finished, is recorded as cancelled by its client.
+pub(crate) fn call_ended(shared: &Shared, seq: u64, done: bool) {
+    shared
+        .counters
+        .with(|c| c.in_flight = c.in_flight.saturating_sub(1));
+    if !done {
+        shared.recorder.update(seq, |r| {
+            r.outcome.cancelled = true;
+            r.outcome.done_at_ms = Some(now_ms());
+            if r.outcome.error.is_none() {
+                r.outcome.error = Some("client cancelled the call".into());
+            }
+        });
+    }
+}
+
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        self.shared
-            .counters
-            .with(|c| c.in_flight = c.in_flight.saturating_sub(1));
-        if !self.done {
-            self.shared.recorder.update(self.seq, |r| {
-                r.outcome.cancelled = true;
-                r.outcome.done_at_ms = Some(now_ms());
-                if r.outcome.error.is_none() {
-                    r.outcome.error = Some("client cancelled the call".into());
-                }
-            });
-        }
+        call_ended(&self.shared, self.seq, self.done);
     }
 }
 
