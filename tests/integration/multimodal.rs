@@ -100,6 +100,31 @@ async fn pair(
     )
 }
 
+/// Two encoders, a prefill and a decode (TokenSpeed, `family`'s tower) on `ip` and the next
+/// three addresses, in that order.
+async fn epd_fleet(
+    family: VisionFamily,
+    ip: [u8; 4],
+) -> (MockEngine, MockEngine, MockEngine, MockEngine) {
+    let at = |k: u8| [ip[0], ip[1], ip[2], ip[3] + k];
+    let kind = EngineKind::TokenSpeed;
+    let e1 = engine(kind, Role::Encode, at(0), Some(tower(family))).await;
+    let e2 = engine(kind, Role::Encode, at(1), Some(tower(family))).await;
+    let (p, d) = pair(kind, family, (at(2), at(3))).await;
+    (e1, e2, p, d)
+}
+
+/// A ready EPD gateway on `workers` with `family`'s model; `extra`: more `gateway:` lines.
+async fn epd_gateway(workers: &[Value], family: VisionFamily, extra: &str) -> Gateway {
+    let extra = format!(
+        "  epd_disaggregation: true\n  model_path: {}\n{extra}",
+        model_dir(family).display()
+    );
+    let mut gw = Gateway::start(workers, &extra).await;
+    gw.wait_ready().await;
+    gw
+}
+
 async fn gateway(workers: &[Value], family: VisionFamily, extra: &str) -> Gateway {
     let extra = format!(
         "  model_path: {}\n  mm_allow_private_media_hosts: true\n{extra}",
@@ -261,8 +286,7 @@ async fn pd_image_reaches_only_the_prefill(
     ips: ([u8; 4], [u8; 4]),
     tokens: usize,
 ) {
-    let p = engine(kind, Role::Prefill, ips.0, Some(tower(family))).await;
-    let d = engine(kind, Role::Decode, ips.1, Some(tower(family))).await;
+    let (p, d) = pair(kind, family, ips).await;
     let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
     let png = image(RED, 56, 56, false);
     let parts = vec![
@@ -683,25 +707,14 @@ async fn media_urls_to_private_hosts_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epd_encodes_each_image_on_its_encoder() {
     let family = VisionFamily::Qwen2Vl;
-    let kind = EngineKind::TokenSpeed;
-    let e1 = engine(kind, Role::Encode, [127, 0, 103, 1], Some(tower(family))).await;
-    let e2 = engine(kind, Role::Encode, [127, 0, 103, 2], Some(tower(family))).await;
-    let (p, d) = pair(kind, family, ([127, 0, 103, 3], [127, 0, 103, 4])).await;
+    let (e1, e2, p, d) = epd_fleet(family, [127, 0, 103, 1]).await;
     let workers = [
         e1.worker_spec(),
         e2.worker_spec(),
         p.worker_spec(),
         d.worker_spec(),
     ];
-    let mut gw = Gateway::start(
-        &workers,
-        &format!(
-            "  epd_disaggregation: true\n  encode_policy: round_robin\n  model_path: {}\n",
-            model_dir(family).display()
-        ),
-    )
-    .await;
-    gw.wait_ready().await;
+    let gw = epd_gateway(&workers, family, "  encode_policy: round_robin\n").await;
     let ready = gw.get("/readiness").await;
     assert_eq!(ready.json()["encode_healthy"], 2, "{}", ready.text());
 
@@ -807,22 +820,14 @@ async fn epd_encodes_each_image_on_its_encoder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epd_repeated_image_goes_to_the_same_encoder() {
     let family = VisionFamily::Llava;
-    let kind = EngineKind::TokenSpeed;
-    let e1 = engine(kind, Role::Encode, [127, 0, 103, 5], Some(tower(family))).await;
-    let e2 = engine(kind, Role::Encode, [127, 0, 103, 6], Some(tower(family))).await;
-    let (p, d) = pair(kind, family, ([127, 0, 103, 7], [127, 0, 103, 8])).await;
+    let (e1, e2, p, d) = epd_fleet(family, [127, 0, 103, 5]).await;
     let workers = [
         e1.worker_spec(),
         e2.worker_spec(),
         p.worker_spec(),
         d.worker_spec(),
     ];
-    let extra = format!(
-        "  epd_disaggregation: true\n  model_path: {}\n",
-        model_dir(family).display()
-    );
-    let mut gw = Gateway::start(&workers, &extra).await;
-    gw.wait_ready().await;
+    let gw = epd_gateway(&workers, family, "").await;
     let count = |e: &MockEngine| e.records().iter().filter(|r| r.encode.is_some()).count();
     for rgb in [RED, BLUE, [48, 160, 96], [240, 224, 16]] {
         let png = image(rgb, 30, 30, false);
@@ -848,8 +853,7 @@ async fn epd_repeated_image_goes_to_the_same_encoder() {
     }
     drop(gw);
 
-    let mut gw = Gateway::start(&workers, &format!("{extra}  mm_processing: worker\n")).await;
-    gw.wait_ready().await;
+    let gw = epd_gateway(&workers, family, "  mm_processing: worker\n").await;
     let png = image(RED, 30, 30, false);
     let r = gw
         .post(
@@ -959,12 +963,7 @@ async fn epd_client_leaving_cancels_every_leg() {
     cfg.waiting_timeout = Duration::from_secs(60);
     let d = MockEngine::spawn(cfg).await.expect("spawn the decode");
     let workers = [e.worker_spec(), p.worker_spec(), d.worker_spec()];
-    let extra = format!(
-        "  epd_disaggregation: true\n  model_path: {}\n",
-        model_dir(family).display()
-    );
-    let mut gw = Gateway::start(&workers, &extra).await;
-    gw.wait_ready().await;
+    let gw = epd_gateway(&workers, family, "").await;
     let listed = gw.get("/workers").await.json();
     assert_eq!(listed["stats"]["encode_count"], 1, "{listed}");
     e.inject(mock_engine::Fault::Hang {
