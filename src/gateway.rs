@@ -60,9 +60,8 @@ pub struct Settings {
     pub link_canary_interval: Duration,
     /// `None`: CORS off (no origin configured).
     pub cors: Option<crate::proxy::cors::CorsPolicy>,
-    /// What the gateway fetches client media from (gRPC multimodal).
-    pub media_policy: pdgate_media::FetchPolicy,
-    /// The fetcher of `media_policy` (cheap: TLS roots load on the first https fetch).
+    /// Fetches client media under the configured policy (gRPC multimodal; cheap to build: TLS
+    /// roots load on the first https fetch). Its `policy()` is the policy in effect.
     media_fetcher: pdgate_media::Fetcher,
 }
 
@@ -114,8 +113,7 @@ impl Settings {
             link_canary_interval: Duration::from_secs(cfg.link_canary_interval_secs),
             capacity_window: Duration::from_secs(cfg.capacity_window_secs),
             cors: crate::proxy::cors::CorsPolicy::from_config(&cfg.cors_allowed_origins),
-            media_fetcher: pdgate_media::Fetcher::new(media_policy.clone()),
-            media_policy,
+            media_fetcher: pdgate_media::Fetcher::new(media_policy),
         }
     }
 }
@@ -229,17 +227,12 @@ impl Gateway {
         self.settings.load_full()
     }
 
-    /// The config the current settings came from.
-    /// The media policy in effect (gRPC multimodal).
-    pub fn media_policy(&self) -> pdgate_media::FetchPolicy {
-        self.settings().media_policy.clone()
-    }
-
     /// The fetcher of the media policy in effect (one per configuration).
     pub fn media_fetcher(&self) -> pdgate_media::Fetcher {
         self.settings().media_fetcher.clone()
     }
 
+    /// The config the current settings came from.
     pub fn config(&self) -> Arc<GatewayConfig> {
         self.config.load_full()
     }

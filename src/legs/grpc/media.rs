@@ -167,7 +167,8 @@ fn worker_refs(
     prompt_ids: &[u32],
     image_token_id: u32,
 ) -> Result<Vec<Item>, Reply> {
-    let policy = gw.media_policy();
+    let fetcher = gw.media_fetcher();
+    let policy = fetcher.policy();
     let anchors = prompt_ids
         .iter()
         .enumerate()
@@ -179,7 +180,7 @@ fn worker_refs(
             let url = r.url();
             if let MediaSource::Url(u) = &r.source {
                 if !u.starts_with("data:") {
-                    pdgate_media::check_target(u, &policy).map_err(fetch_failed)?;
+                    pdgate_media::check_target(u, policy).map_err(fetch_failed)?;
                 }
             }
             Ok(Item {
@@ -204,7 +205,7 @@ async fn gateway_items(
     vision: Arc<Vision>,
 ) -> Result<Vec<Item>, Reply> {
     let fetcher: Fetcher = gw.media_fetcher();
-    let max_bytes = gw.media_policy().max_bytes;
+    let max_bytes = fetcher.policy().max_bytes;
     // Distinct sources, in first-appearance order; `slot[i]` is image i's source.
     let mut distinct: Vec<&MediaSource> = Vec::new();
     let mut index: HashMap<&MediaSource, usize> = HashMap::new();
