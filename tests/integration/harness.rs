@@ -50,7 +50,8 @@ pub struct Gateway {
 }
 
 /// Settings every test gateway gets unless the test overrides them (fast probes, short grace).
-const TEST_DEFAULTS: &str = "  policy: round_robin\n  worker_startup_check_interval: 1\n  \
+const TEST_DEFAULTS: &str =
+    "  pd_disaggregation: true\n  policy: round_robin\n  worker_startup_check_interval: 1\n  \
                              health_check_interval_secs: 1\n  log_level: info\n";
 
 impl Gateway {
@@ -77,12 +78,6 @@ impl Gateway {
             format!("upgrade_sock: {dir_s}/upgrade-{port}.sock"),
             format!("pid_file: {dir_s}/pdgate-{port}.pid"),
             "gateway:".into(),
-            // EPD is a mode of its own (`epd_disaggregation: true` in `extra`).
-            if extra.contains("epd_disaggregation: true") {
-                String::new()
-            } else {
-                "  pd_disaggregation: true".into()
-            },
             "  host: 127.0.0.1".into(),
             format!("  port: {port}"),
             "  prometheus_host: 127.0.0.1".into(),

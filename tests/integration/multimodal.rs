@@ -117,7 +117,7 @@ async fn epd_fleet(
 /// A ready EPD gateway on `workers` with `family`'s model; `extra`: more `gateway:` lines.
 async fn epd_gateway(workers: &[Value], family: VisionFamily, extra: &str) -> Gateway {
     let extra = format!(
-        "  epd_disaggregation: true\n  model_path: {}\n{extra}",
+        "  pd_disaggregation: false\n  epd_disaggregation: true\n  model_path: {}\n{extra}",
         model_dir(family).display()
     );
     let mut gw = Gateway::start(workers, &extra).await;
@@ -873,7 +873,7 @@ async fn epd_startup_rules_and_readiness() {
     let kind = EngineKind::TokenSpeed;
     let (p, d) = pair(kind, family, ([127, 0, 104, 1], [127, 0, 104, 2])).await;
     let extra = format!(
-        "  epd_disaggregation: true\n  model_path: {}\n",
+        "  pd_disaggregation: false\n  epd_disaggregation: true\n  model_path: {}\n",
         model_dir(family).display()
     );
     let gw = Gateway::start(&[p.worker_spec(), d.worker_spec()], &extra).await;
