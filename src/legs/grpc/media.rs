@@ -97,7 +97,7 @@ pub async fn prepare(
         ));
     }
     // A PD prefill must run the vision tower itself (EPD prefills take embeddings instead).
-    if !cfg.epd_disaggregation && pair.prefill.label("supports_vision") == Some("false") {
+    if !cfg.epd_disaggregation && reports_no_vision(&pair.prefill) {
         return Err(Reply::error(
             ErrorCode::MultimodalNotSupported,
             format!(
@@ -275,9 +275,10 @@ fn invalid_media(e: MmError) -> Reply {
     Reply::error(ErrorCode::InvalidMedia, format!("image: {e}"))
 }
 
-/// A vLLM worker started with `--language-model-only`: it reports no vision support (its
-/// servicer's `supports_vision`), so it takes token ids, the handoff and image hashes only.
-pub fn language_model_only(w: &crate::workers::Worker) -> bool {
+/// The worker's servicer reports no vision support (`supports_vision: false`): the engine
+/// runs as a language model only (vLLM's `--language-model-only`) — it takes token ids, the
+/// handoff and image hashes, never pixels.
+pub fn reports_no_vision(w: &crate::workers::Worker) -> bool {
     w.label("supports_vision") == Some("false")
 }
 
@@ -288,7 +289,7 @@ pub fn check_language_model_only_decode(
     decode: &crate::workers::Worker,
     n: u32,
 ) -> Result<(), Reply> {
-    if Engine::of(decode.runtime()) != Some(Engine::Vllm) || !language_model_only(decode) {
+    if Engine::of(decode.runtime()) != Some(Engine::Vllm) || !reports_no_vision(decode) {
         return Ok(());
     }
     let (code, why) = if n > 1 {

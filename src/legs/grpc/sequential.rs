@@ -16,7 +16,7 @@ use pingora::proxy::Session;
 use super::build::{self, LegSpec, VllmHandoff};
 use super::engine::{Engine, Message};
 use super::leg::GrpcLeg;
-use super::media::{language_model_only, Processing};
+use super::media::{reports_no_vision, Processing};
 use super::mm_inputs::MediaLeg;
 use super::prepare::Prepared;
 use super::relay::Source;
@@ -258,7 +258,7 @@ pub async fn attempt(
     }
     let media = if samples || (worker_refs && identity.is_none()) {
         MediaLeg::Pixels
-    } else if language_model_only(&pair.decode) {
+    } else if reports_no_vision(&pair.decode) {
         MediaLeg::HashesOnly
     } else {
         MediaLeg::Metadata
