@@ -8,6 +8,8 @@
 //!   Synchronous and CPU-bound: encode large prompts off the async reactor.
 //! - [`ChatTemplate`] / [`ChatInput`]: Hugging Face-compatible chat rendering from the client's
 //!   JSON messages.
+//! - [`CacheConfig`]: SMG's tokenizer caches (`--tokenizer-cache-enable-l0/-l1`), exact: whole
+//!   texts, and the pieces between special tokens (system prompts, earlier turns).
 //! - [`IncrementalDetokenizer`]: token stream → text pieces that never split a character.
 //! - [`StopDecoder`]: per-choice stop token ids and stop strings on top of it.
 //! - [`fixture`]: small deterministic model directories for tests.
@@ -18,6 +20,7 @@
 mod byte_level;
 pub mod chat_template;
 mod detokenize;
+mod encode_cache;
 mod error;
 pub mod fixture;
 mod model_dir;
@@ -27,6 +30,7 @@ mod tokenizer;
 
 pub use chat_template::{ChatInput, ChatTemplate, ChatTemplates, ContentFormat};
 pub use detokenize::IncrementalDetokenizer;
+pub use encode_cache::{CacheConfig, CacheStats};
 pub use error::{LoadError, TemplateError, TokenizeError};
 pub use model_dir::ModelSource;
 pub use special_tokens::SpecialTokens;

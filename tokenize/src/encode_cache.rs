@@ -1,0 +1,344 @@
+//! Tokenizer caches: SMG's `--tokenizer-cache-enable-l0` (whole texts) and
+//! `--tokenizer-cache-enable-l1` (pieces of text), both exact — a cached encode returns the ids
+//! the tokenizer itself would, or the cache is not used.
+//!
+//! **L0** keys the whole text (and `add_special_tokens`): a repeated prompt costs a hash and a
+//! copy. **L1** keys the text *between* special tokens. Hugging Face splits the added
+//! vocabulary out first (leftmost-longest over the non-normalized added tokens) and normalizes,
+//! pre-tokenizes and tokenizes every remaining piece on its own, so a chat prompt's ids are its
+//! pieces' ids with the special tokens' ids between them. A system prompt, an earlier turn or a
+//! template's boilerplate is then tokenized once, whatever surrounds it — SMG's L1 reuses a
+//! cached *prefix* only; this reuses any repeated piece. It is enabled only for tokenizers where
+//! the pieces are provably independent ([`SegmentSplitter::new`] says why not otherwise):
+//! no truncation or padding, added tokens without `lstrip`/`rstrip`/`single_word`, special
+//! tokens not encoded as text, and no pre-tokenizer that depends on where a piece starts
+//! (Metaspace's `prepend_scheme: first`). L1 serves `add_special_tokens = false` only (what chat
+//! prompts use); with `true` the post-processor's tokens would have to be spliced in.
+//!
+//! Both are bounded (L0 by entries, L1 by bytes) and evict oldest-first; each is split into
+//! shards whose lock is held for one lookup or insert (never across a tokenization).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex};
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+/// What `--tokenizer-cache-*` asked for; a zero bound leaves that level off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// L0: whole texts kept, at most (`--tokenizer-cache-l0-max-entries`).
+    pub l0_max_entries: usize,
+    /// L1: bytes of pieces and their ids kept, at most (`--tokenizer-cache-l1-max-memory`).
+    pub l1_max_bytes: usize,
+}
+
+/// Hit and miss counts since start (per level), for logs and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub l0_hits: u64,
+    pub l0_misses: u64,
+    pub l1_hits: u64,
+    pub l1_misses: u64,
+}
+
+pub(crate) struct EncodeCache {
+    l0: Option<Bounded>,
+    l1: Option<(SegmentSplitter, Bounded)>,
+}
+
+impl EncodeCache {
+    /// The caches `config` asks for, and why L1 could not be had when it was asked for and
+    /// this tokenizer's pieces are not independent (L0 works regardless).
+    pub(crate) fn new(
+        hf: &tokenizers::Tokenizer,
+        config: CacheConfig,
+    ) -> (EncodeCache, Option<String>) {
+        let l0 =
+            (config.l0_max_entries > 0).then(|| Bounded::new(config.l0_max_entries, Cost::Entry));
+        if config.l1_max_bytes == 0 {
+            return (EncodeCache { l0, l1: None }, None);
+        }
+        match SegmentSplitter::new(hf) {
+            Ok(splitter) => (
+                EncodeCache {
+                    l0,
+                    l1: Some((splitter, Bounded::new(config.l1_max_bytes, Cost::Bytes))),
+                },
+                None,
+            ),
+            Err(why) => (EncodeCache { l0, l1: None }, Some(why)),
+        }
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.l0.is_some() || self.l1.is_some()
+    }
+
+    pub(crate) fn encode(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> tokenizers::Result<Vec<u32>> {
+        let l0_key = self
+            .l0
+            .as_ref()
+            .map(|l0| (l0, l0.key(text, add_special_tokens)));
+        if let Some((l0, key)) = &l0_key {
+            if let Some(ids) = l0.get(*key, text) {
+                return Ok(ids.to_vec());
+            }
+        }
+        let ids = match &self.l1 {
+            Some((splitter, l1)) if !add_special_tokens => splitter.encode(hf, l1, text)?,
+            _ => uncached(hf, text, add_special_tokens)?,
+        };
+        if let Some((l0, key)) = l0_key {
+            l0.insert(key, text, &ids);
+        }
+        Ok(ids)
+    }
+
+    pub(crate) fn stats(&self) -> CacheStats {
+        let (l0_hits, l0_misses) = self.l0.as_ref().map_or((0, 0), Bounded::counts);
+        let (l1_hits, l1_misses) = self.l1.as_ref().map_or((0, 0), |(_, b)| b.counts());
+        CacheStats {
+            l0_hits,
+            l0_misses,
+            l1_hits,
+            l1_misses,
+        }
+    }
+}
+
+/// The tokenizer's own encode: what every cached answer must equal.
+pub(crate) fn uncached(
+    hf: &tokenizers::Tokenizer,
+    text: &str,
+    add_special_tokens: bool,
+) -> tokenizers::Result<Vec<u32>> {
+    hf.encode_fast(text, add_special_tokens)
+        .map(|e| e.get_ids().to_vec())
+}
+
+/// Cuts a text where Hugging Face's added-vocabulary pass cuts it.
+struct SegmentSplitter {
+    /// The non-normalized added tokens, matched as Hugging Face matches them (leftmost-longest).
+    tokens: AhoCorasick,
+    /// Pattern index → token id.
+    ids: Vec<u32>,
+}
+
+impl SegmentSplitter {
+    /// `Err`: why this tokenizer's pieces cannot be encoded one by one.
+    fn new(hf: &tokenizers::Tokenizer) -> Result<SegmentSplitter, String> {
+        if hf.get_truncation().is_some() || hf.get_padding().is_some() {
+            return Err("the tokenizer truncates or pads".into());
+        }
+        if hf.get_encode_special_tokens() {
+            return Err("the tokenizer encodes special tokens as text".into());
+        }
+        if let Some(pre) = hf.get_pre_tokenizer() {
+            // Metaspace with `prepend_scheme: first` prepends only to the piece at offset 0.
+            let json = serde_json::to_string(pre).map_err(|e| e.to_string())?;
+            if json.contains(r#""prepend_scheme":"first""#) {
+                return Err("the pre-tokenizer treats the text's first piece apart (Metaspace prepend_scheme first)".into());
+            }
+        }
+        let mut patterns = Vec::new();
+        let mut ids = Vec::new();
+        let mut decoder: Vec<_> = hf.get_added_tokens_decoder().into_iter().collect();
+        decoder.sort_by_key(|(id, _)| *id);
+        for (id, token) in decoder {
+            if token.normalized || token.content.is_empty() {
+                continue;
+            }
+            if token.lstrip || token.rstrip || token.single_word {
+                return Err(format!(
+                    "added token {:?} strips whitespace or matches single words",
+                    token.content
+                ));
+            }
+            patterns.push(token.content);
+            ids.push(id);
+        }
+        let tokens = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .map_err(|e| e.to_string())?;
+        Ok(SegmentSplitter { tokens, ids })
+    }
+
+    fn encode(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        cache: &Bounded,
+        text: &str,
+    ) -> tokenizers::Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 8);
+        let piece = |out: &mut Vec<u32>, piece: &str| -> tokenizers::Result<()> {
+            if piece.is_empty() {
+                return Ok(());
+            }
+            let key = cache.key(piece, false);
+            if let Some(ids) = cache.get(key, piece) {
+                out.extend_from_slice(&ids);
+            } else {
+                let ids = uncached(hf, piece, false)?;
+                out.extend_from_slice(&ids);
+                cache.insert(key, piece, &ids);
+            }
+            Ok(())
+        };
+        let mut at = 0;
+        for m in self.tokens.find_iter(text) {
+            piece(&mut out, &text[at..m.start()])?;
+            out.push(self.ids[m.pattern().as_usize()]);
+            at = m.end();
+        }
+        piece(&mut out, &text[at..])?;
+        Ok(out)
+    }
+}
+
+/// What an entry costs against a [`Bounded`]'s budget.
+#[derive(Clone, Copy)]
+enum Cost {
+    /// One per entry (L0's `max_entries`).
+    Entry,
+    /// Its key and ids in bytes, plus the bookkeeping (L1's `max_memory`).
+    Bytes,
+}
+
+impl Cost {
+    fn of(self, text: &str, ids: &[u32]) -> usize {
+        match self {
+            Cost::Entry => 1,
+            Cost::Bytes => text.len() + 4 * ids.len() + ENTRY_OVERHEAD,
+        }
+    }
+}
+
+/// Allocation headers, the map slot and the eviction queue's slot of one entry, roughly.
+const ENTRY_OVERHEAD: usize = 96;
+const SHARDS: usize = 8;
+
+/// A map from text to ids, bounded, oldest-first eviction, sharded by the text's hash.
+struct Bounded {
+    hasher: std::hash::RandomState,
+    shards: Box<[Mutex<Shard>]>,
+    budget_per_shard: usize,
+    cost: Cost,
+    hits: std::sync::atomic::AtomicU64,
+    misses: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
+    /// Keys in insertion order; each key of `map` appears once.
+    order: VecDeque<u64>,
+    used: usize,
+}
+
+struct Entry {
+    text: Box<str>,
+    ids: Arc<[u32]>,
+    cost: usize,
+}
+
+impl Bounded {
+    fn new(budget: usize, cost: Cost) -> Bounded {
+        Bounded {
+            hasher: std::hash::RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            budget_per_shard: budget.div_ceil(SHARDS).max(1),
+            cost,
+            hits: Default::default(),
+            misses: Default::default(),
+        }
+    }
+
+    fn key(&self, text: &str, flag: bool) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(text.as_bytes());
+        h.write_u8(u8::from(flag));
+        h.finish()
+    }
+
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, Shard> {
+        // The high bits pick the shard; the map uses the whole key.
+        let i = (key >> 56) as usize % SHARDS;
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, key: u64, text: &str) -> Option<Arc<[u32]>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let found = self
+            .shard(key)
+            .map
+            .get(&key)
+            .filter(|e| &*e.text == text)
+            .map(|e| e.ids.clone());
+        match found {
+            Some(_) => self.hits.fetch_add(1, Relaxed),
+            None => self.misses.fetch_add(1, Relaxed),
+        };
+        found
+    }
+
+    fn insert(&self, key: u64, text: &str, ids: &[u32]) {
+        let cost = self.cost.of(text, ids);
+        if cost > self.budget_per_shard {
+            return;
+        }
+        let entry = Entry {
+            text: text.into(),
+            ids: ids.into(),
+            cost,
+        };
+        let mut shard = self.shard(key);
+        let shard = &mut *shard;
+        match shard.map.insert(key, entry) {
+            // Two texts with one hash: the newer one takes the slot (and its place in `order`).
+            Some(old) => shard.used -= old.cost,
+            None => shard.order.push_back(key),
+        }
+        shard.used += cost;
+        while shard.used > self.budget_per_shard {
+            let Some(oldest) = shard.order.pop_front() else {
+                break;
+            };
+            if let Some(e) = shard.map.remove(&oldest) {
+                shard.used -= e.cost;
+            }
+        }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.hits.load(Relaxed), self.misses.load(Relaxed))
+    }
+}
+
+/// The map's hasher for keys that are already hashes.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[cfg(test)]
+mod tests;
