@@ -267,6 +267,11 @@ pub const BOOTSTRAP_PORT_ANNOTATION: &str = "sglang.ai/bootstrap-port";
 
 /// `--encode-policy`: a repeated image goes to the same encode worker.
 pub const ENCODE_POLICY: &str = "consistent_hashing";
+/// SMG: `--tokenizer-cache-l0-max-entries`.
+pub const TOKENIZER_CACHE_L0_MAX_ENTRIES: usize = 10_000;
+/// SMG: `--tokenizer-cache-l1-max-memory` (bytes; 50 MiB).
+pub const TOKENIZER_CACHE_L1_MAX_MEMORY: usize = 52_428_800;
+
 /// `--mm-processing`.
 pub const MM_PROCESSING: &str = "auto";
 /// Images per request when `--mm-per-request-image-limit` is unset (SMG's built-in limit).

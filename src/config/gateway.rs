@@ -205,6 +205,23 @@ pub struct GatewayConfig {
     #[arg(long, help_heading = "PD Disaggregation")]
     pub chat_template: Option<String>,
 
+    /// gRPC only: cache whole prompts' token ids (exact text; SMG's L0).
+    #[arg(long, help_heading = "Tokenizer cache")]
+    pub tokenizer_cache_enable_l0: bool,
+
+    /// Most prompts the L0 cache keeps (oldest evicted first).
+    #[arg(long, default_value_t = defaults::TOKENIZER_CACHE_L0_MAX_ENTRIES, help_heading = "Tokenizer cache")]
+    pub tokenizer_cache_l0_max_entries: usize,
+
+    /// gRPC only: cache the token ids of the text between special tokens (system prompts,
+    /// earlier turns, template text), reused wherever it recurs (SMG's L1 reuses prefixes).
+    #[arg(long, help_heading = "Tokenizer cache")]
+    pub tokenizer_cache_enable_l1: bool,
+
+    /// Bytes the L1 cache may hold (texts and ids; oldest evicted first).
+    #[arg(long, default_value_t = defaults::TOKENIZER_CACHE_L1_MAX_MEMORY, help_heading = "Tokenizer cache")]
+    pub tokenizer_cache_l1_max_memory: usize,
+
     // ---- Multimodal (gRPC path) ------------------------------------------------------------------
     /// Where media for vLLM gRPC workers is fetched and preprocessed: auto, router or worker.
     #[arg(long, value_enum, default_value = defaults::MM_PROCESSING, help_heading = "Multimodal")]

@@ -237,10 +237,6 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("max_buffered_request_bytes", Ignored, "PD requests are always buffered, up to --max-payload-size"),
         ("stream_body_stall_timeout_secs", Ignored, "PD request bodies are read whole, bounded by --body-read-timeout-secs"),
         ("disable_tokenizer_autoload", Ignored, "gRPC pipeline only"),
-        ("tokenizer_cache_enable_l0", Ignored, "gRPC pipeline only"),
-        ("tokenizer_cache_l0_max_entries", Ignored, "gRPC pipeline only"),
-        ("tokenizer_cache_enable_l1", Ignored, "gRPC pipeline only"),
-        ("tokenizer_cache_l1_max_memory", Ignored, "gRPC pipeline only"),
         ("reasoning_parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
         ("tool_call_parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
     ]
@@ -404,14 +400,6 @@ pub struct SmgOnlyFlags {
     #[arg(long, hide = true)]
     disable_tokenizer_autoload: bool,
     #[arg(long, hide = true)]
-    tokenizer_cache_enable_l0: bool,
-    #[arg(long, hide = true)]
-    tokenizer_cache_l0_max_entries: Option<String>,
-    #[arg(long, hide = true)]
-    tokenizer_cache_enable_l1: bool,
-    #[arg(long, hide = true)]
-    tokenizer_cache_l1_max_memory: Option<String>,
-    #[arg(long, hide = true)]
     reasoning_parser: Option<String>,
     #[arg(long, hide = true)]
     tool_call_parser: Option<String>,
@@ -522,10 +510,6 @@ impl SmgOnlyFlags {
             max_buffered_request_bytes,
             stream_body_stall_timeout_secs,
             disable_tokenizer_autoload,
-            tokenizer_cache_enable_l0,
-            tokenizer_cache_l0_max_entries,
-            tokenizer_cache_enable_l1,
-            tokenizer_cache_l1_max_memory,
             reasoning_parser,
             tool_call_parser,
         );

@@ -65,6 +65,26 @@ pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
             a.kv_engine_id_annotation != b.kv_engine_id_annotation,
         ),
         ("discovery_file", a.discovery_file != b.discovery_file),
+        // The tokenizer (and its caches) is loaded once, at startup.
+        ("model_path", a.model_path != b.model_path),
+        ("tokenizer_path", a.tokenizer_path != b.tokenizer_path),
+        ("chat_template", a.chat_template != b.chat_template),
+        (
+            "tokenizer_cache_enable_l0",
+            a.tokenizer_cache_enable_l0 != b.tokenizer_cache_enable_l0,
+        ),
+        (
+            "tokenizer_cache_l0_max_entries",
+            a.tokenizer_cache_l0_max_entries != b.tokenizer_cache_l0_max_entries,
+        ),
+        (
+            "tokenizer_cache_enable_l1",
+            a.tokenizer_cache_enable_l1 != b.tokenizer_cache_enable_l1,
+        ),
+        (
+            "tokenizer_cache_l1_max_memory",
+            a.tokenizer_cache_l1_max_memory != b.tokenizer_cache_l1_max_memory,
+        ),
         (
             "discovery_check_interval_secs",
             a.discovery_check_interval_secs != b.discovery_check_interval_secs,

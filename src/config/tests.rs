@@ -274,6 +274,10 @@ const EVERY_KEY: &str = "
   model_path: org/model
   tokenizer_path: /tok
   chat_template: /t.jinja
+  tokenizer_cache_enable_l0: true
+  tokenizer_cache_l0_max_entries: 500
+  tokenizer_cache_enable_l1: true
+  tokenizer_cache_l1_max_memory: 1048576
   host: 127.0.0.2
   port: 31000
   health_check_port: 31005

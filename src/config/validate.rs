@@ -50,6 +50,25 @@ pub(crate) fn validate_with_file_workers(
             "is 0; it must be at least 1 (unset keeps the limit of 128)",
         ));
     }
+    for (key, on, bound) in [
+        (
+            "tokenizer_cache_l0_max_entries",
+            cfg.tokenizer_cache_enable_l0,
+            cfg.tokenizer_cache_l0_max_entries,
+        ),
+        (
+            "tokenizer_cache_l1_max_memory",
+            cfg.tokenizer_cache_enable_l1,
+            cfg.tokenizer_cache_l1_max_memory,
+        ),
+    ] {
+        if on && bound == 0 {
+            return Err(ConfigError::invalid_key(
+                key,
+                "is 0 while its cache is enabled; give it room or leave the cache off",
+            ));
+        }
+    }
     if let Some(domains) = &cfg.mm_allowed_media_domains {
         pdgate_media::FetchPolicy::parse_domains(domains)
             .map_err(|why| ConfigError::invalid_key("mm_allowed_media_domains", why))?;

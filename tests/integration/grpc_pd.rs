@@ -1043,3 +1043,74 @@ async fn vllm_n_samples_run_on_the_decode_without_a_handoff() {
         Some(1.0)
     );
 }
+
+/// `--tokenizer-cache-enable-l0/-l1`: a multi-turn chat whose system prompt and first turn come
+/// back, the same chat again (whole-prompt hit) and a long one. The prefill receives exactly the
+/// ids the tokenizer gives without caches, and the answers equal a single worker's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizer_caches_change_no_id() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 34, 1]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 34, 2]).await;
+    let extra = format!(
+        "  model_path: {}\n  tokenizer_cache_enable_l0: true\n  tokenizer_cache_enable_l1: true\n  \
+         tokenizer_cache_l1_max_memory: 4096\n",
+        model_dir().display()
+    );
+    let mut gw = Gateway::start(&[spec(&p), spec(&d)], &extra).await;
+    gw.wait_ready().await;
+    assert!(
+        gw.log().contains("caches L0 10000 prompts, L1 4096 bytes"),
+        "{}",
+        gw.log()
+    );
+    let system = json!({"role": "system", "content": "You are terse. Answer in one line, please."});
+    let turn = |text: &str| json!({"role": "user", "content": text});
+    let reply = json!({"role": "assistant", "content": "It is sunny, with a light breeze."});
+    let long = "the weather is fine and the sea is calm; ".repeat(60);
+    let chats = [
+        json!([system, turn("Say something about the weather.")]),
+        json!([
+            system,
+            turn("Say something about the weather."),
+            reply,
+            turn("And tomorrow?")
+        ]),
+        json!([
+            system,
+            turn("Say something about the weather."),
+            reply,
+            turn("And tomorrow?")
+        ]),
+        // Longer than the L1 budget: served uncached, still right.
+        json!([system, turn(&long)]),
+        json!([
+            turn("  leading spaces, trailing too  "),
+            reply,
+            turn("\n\nnewlines\n")
+        ]),
+    ];
+    for (i, messages) in chats.iter().enumerate() {
+        let body = json!({"model": "mock-model", "max_tokens": 6, "stream": i % 2 == 1,
+            "messages": messages});
+        let r = gw.post("/v1/chat/completions", &body).await;
+        assert_eq!(r.status, 200, "{}\n{}", r.text(), gw.log());
+        let want = reference_text(&d, messages, 6);
+        let got = if i % 2 == 1 {
+            sse_text(&r.text())
+        } else {
+            r.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(got, want, "chat {i}");
+    }
+    assert!(p.wait_idle(Duration::from_secs(5)).await);
+    let sent: Vec<Vec<u32>> = p
+        .records()
+        .iter()
+        .map(|r| r.grpc.as_ref().expect("a gRPC record").input_ids.clone())
+        .collect();
+    let want: Vec<Vec<u32>> = chats.iter().map(chat_ids).collect();
+    assert_eq!(sent, want);
+}
