@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use pdgate_mm::ImageProcessor;
-use pdgate_tokenize::{ModelSource, Tokenizer};
+use pdgate_tokenize::{CacheConfig, ModelSource, Tokenizer};
 
 /// A vision model's image processor and the prompt token it expands per image.
 pub struct Vision {
@@ -34,6 +34,50 @@ pub struct Models {
     chat_template: Option<PathBuf>,
     /// Tokenizers loaded from workers' reported paths, by path.
     by_path: Mutex<HashMap<PathBuf, Arc<Tokenizer>>>,
+    /// `--tokenizer-cache-*`, given to every tokenizer loaded.
+    cache: CacheConfig,
+}
+
+/// The caches `--tokenizer-cache-enable-l0/-l1` ask for (a level left off has no room).
+fn cache_config(cfg: &GatewayConfig) -> CacheConfig {
+    CacheConfig {
+        l0_max_entries: if cfg.tokenizer_cache_enable_l0 {
+            cfg.tokenizer_cache_l0_max_entries
+        } else {
+            0
+        },
+        l1_max_bytes: if cfg.tokenizer_cache_enable_l1 {
+            cfg.tokenizer_cache_l1_max_memory
+        } else {
+            0
+        },
+    }
+}
+
+/// `tok` with the configured caches; a tokenizer whose pieces cannot be cached apart says so
+/// in the log (its whole-prompt cache still works).
+fn with_cache(mut tok: Tokenizer, cache: CacheConfig, from: &Path) -> Tokenizer {
+    if cache == CacheConfig::default() {
+        return tok;
+    }
+    let l1_refused = tok.set_cache(cache);
+    if let Some(why) = &l1_refused {
+        log::warn!(
+            "tokenizer of {}: the L1 tokenizer cache stays off ({why}); L0 is unaffected",
+            from.display()
+        );
+    }
+    log::info!(
+        "tokenizer of {}: caches L0 {} prompts, L1 {} bytes",
+        from.display(),
+        cache.l0_max_entries,
+        if l1_refused.is_some() {
+            0
+        } else {
+            cache.l1_max_bytes
+        }
+    );
+    tok
 }
 
 impl Models {
@@ -46,21 +90,21 @@ impl Models {
             tokenizer_path: cfg.tokenizer_path.as_ref().map(PathBuf::from),
             chat_template: chat_template.clone(),
         };
-        let configured = if source.model_path.is_some() || source.tokenizer_path.is_some() {
+        let cache = cache_config(cfg);
+        let configured = if let Some(from) = source
+            .tokenizer_path
+            .as_ref()
+            .or(source.model_path.as_ref())
+        {
             let tok =
                 Tokenizer::load(&source).map_err(|e| format!("loading the tokenizer: {e}"))?;
             log::info!(
                 "tokenizer loaded from {} ({} tokens, EOS {:?})",
-                source
-                    .tokenizer_path
-                    .as_ref()
-                    .or(source.model_path.as_ref())
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
+                from.display(),
                 tok.vocab_size(),
                 tok.eos_token_ids()
             );
-            Some(Arc::new(tok))
+            Some(Arc::new(with_cache(tok, cache, from)))
         } else {
             None
         };
@@ -70,6 +114,7 @@ impl Models {
             vision: Mutex::new(HashMap::new()),
             chat_template,
             by_path: Mutex::new(HashMap::new()),
+            cache,
         })
     }
 
@@ -81,6 +126,7 @@ impl Models {
             vision: Mutex::new(HashMap::new()),
             chat_template: None,
             by_path: Mutex::new(HashMap::new()),
+            cache: CacheConfig::default(),
         }
     }
 
@@ -91,10 +137,18 @@ impl Models {
     pub async fn vision(
         &self,
         tokenizer: &Tokenizer,
-        worker_path: Option<&Path>,
+        worker_path: impl FnOnce() -> Option<PathBuf>,
     ) -> Result<Option<Arc<Vision>>, String> {
-        let Some(dir) = self.model_path.as_deref().or(worker_path) else {
-            return Ok(None);
+        let reported;
+        let dir = match self.model_path.as_deref() {
+            Some(dir) => dir,
+            None => {
+                reported = worker_path();
+                match reported.as_deref() {
+                    Some(dir) => dir,
+                    None => return Ok(None),
+                }
+            }
         };
         let dir = if dir.is_file() {
             dir.parent().unwrap_or(dir)
@@ -143,13 +197,18 @@ impl Models {
         Ok(map.entry(dir.to_path_buf()).or_insert(vision).clone())
     }
 
-    /// The tokenizer for a request served by a worker that reported `worker_path` (its
-    /// tokenizer or model directory). `Err`: the reason none is available, for the client.
-    pub async fn tokenizer(&self, worker_path: Option<&Path>) -> Result<Arc<Tokenizer>, String> {
+    /// The tokenizer for a request served by a worker that reports `worker_path` (its
+    /// tokenizer or model directory; asked only without a configured tokenizer: it checks the
+    /// file system). `Err`: the reason none is available, for the client.
+    pub async fn tokenizer(
+        &self,
+        worker_path: impl FnOnce() -> Option<PathBuf>,
+    ) -> Result<Arc<Tokenizer>, String> {
         if let Some(t) = &self.configured {
             return Ok(t.clone());
         }
-        let Some(path) = worker_path else {
+        let worker_path = worker_path();
+        let Some(path) = worker_path.as_deref() else {
             return Err(
                 "no tokenizer: start pdgate with --model-path or --tokenizer-path (the worker \
                  reported no tokenizer path)"
@@ -174,7 +233,7 @@ impl Models {
                     path.display()
                 )
             })?;
-        let loaded = Arc::new(loaded);
+        let loaded = Arc::new(with_cache(loaded, self.cache, path));
         let mut map = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
         Ok(map.entry(path.to_path_buf()).or_insert(loaded).clone())
     }

@@ -51,7 +51,7 @@ pub fn mooncake_engine_id(worker: &Worker) -> Option<String> {
 
 /// A fresh Mooncake transfer id: `xfer-<UUIDv7>`.
 pub fn mint_transfer_id() -> String {
-    format!("{TRANSFER_ID_PREFIX}{}", uuid::Uuid::now_v7())
+    format!("{TRANSFER_ID_PREFIX}{}", super::uuid_v7())
 }
 
 /// How the handoff of this attempt is done.

@@ -356,7 +356,7 @@ async fn count_tokens(
     let available: Vec<_> = snap.prefills.iter().filter(|w| is_available(w)).collect();
     // A gRPC fleet has no HTTP endpoint to ask: the gateway's tokenizer answers, no leg.
     if let Some(w) = available.iter().find(|w| w.is_grpc()) {
-        let source = w.tokenizer_source();
+        let source = std::sync::Arc::clone(w);
         drop(snap);
         let reply = Box::pin(crate::legs::grpc::count_tokens(gw, session, source)).await;
         reply::send(session, ctx, reply).await?;

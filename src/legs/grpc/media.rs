@@ -109,7 +109,7 @@ pub async fn prepare(
     }
     let vision = gw
         .models
-        .vision(tokenizer, pair.prefill.tokenizer_source().as_deref())
+        .vision(tokenizer, || pair.prefill.tokenizer_source())
         .await
         .map_err(|why| Reply::error(ErrorCode::MultimodalNotSupported, why))?
         .ok_or_else(|| {

@@ -190,7 +190,7 @@ impl Legs<'_> {
     /// The engine request id of one attempt: the same on both legs, new for every attempt (a
     /// NIXL prefill keeps an id alive until its KV lease expires, so a retry must not reuse it).
     pub fn attempt_request_id(&self) -> String {
-        format!("{}-{}", self.base_id, uuid::Uuid::now_v7())
+        format!("{}-{}", self.base_id, crate::legs::uuid_v7())
     }
 
     pub fn labels(&self) -> &PdLabels {
@@ -342,11 +342,11 @@ pub fn spawn_prefill_drain(
 
 /// `/v1/messages/count_tokens` for a gRPC fleet: the Anthropic body rendered with the chat
 /// template and counted with the gateway's tokenizer (`{"input_tokens": N}`); no leg is
-/// contacted. `source`: the prefill's reported tokenizer path (the fallback source).
+/// contacted. `source`: the prefill whose reported tokenizer path is the fallback source.
 pub async fn count_tokens(
     gw: &Gateway,
     session: &mut Session,
-    source: Option<std::path::PathBuf>,
+    source: Arc<crate::workers::Worker>,
 ) -> Reply {
     let s = gw.settings();
     let body = match crate::proxy::body::read_body(session, s.max_payload_size, s.body_read_timeout)
@@ -363,7 +363,7 @@ pub async fn count_tokens(
         Ok(g) => g,
         Err(e) => return Reply::error_with_status(e.status(), e.code(), e.to_string()),
     };
-    let tokenizer = match gw.models.tokenizer(source.as_deref()).await {
+    let tokenizer = match gw.models.tokenizer(|| source.tokenizer_source()).await {
         Ok(t) => t,
         Err(why) => return Reply::error(ErrorCode::TokenizerUnavailable, why),
     };

@@ -45,7 +45,7 @@ pub async fn prepare(gw: &Gateway, req: &PdRequest, pair: &Pair) -> Result<Arc<P
         .map_err(|e| Reply::error_with_status(e.status(), e.code(), e.to_string()))?;
     let tokenizer = gw
         .models
-        .tokenizer(pair.prefill.tokenizer_source().as_deref())
+        .tokenizer(|| pair.prefill.tokenizer_source())
         .await
         .map_err(|why| Reply::error(ErrorCode::TokenizerUnavailable, why))?;
     let mut media = None;
