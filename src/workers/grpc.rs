@@ -33,14 +33,14 @@ use super::worker::{Discovered, Worker, WorkerAddress};
 use crate::config::RuntimeType;
 
 /// HTTP/2 keep-alive ping interval, also while idle (SMG's channel settings, digest §1.8).
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a keep-alive ping may go unanswered before the connection is dropped.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keep-alive.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// Flow-control windows before the adaptive window takes over (SMG's: 16 MiB / 32 MiB).
-const STREAM_WINDOW: u32 = 16 << 20;
-const CONNECTION_WINDOW: u32 = 32 << 20;
+pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
+pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
 
 /// The sections of `GetLoads` the gateway asks for (SMG's).
 pub const LOAD_SECTIONS: [&str; 4] = ["core", "disagg", "queues", "memory"];

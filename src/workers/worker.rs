@@ -19,9 +19,9 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use std::sync::{Arc, OnceLock};
 
+use crate::legs::grpc::LegChannel;
 use pingora::upstreams::peer::HttpPeer;
 use pingora_prometheus::prometheus::IntGauge;
-use tonic::transport::Channel;
 
 use super::breaker::Breaker;
 use crate::config::{
@@ -267,7 +267,7 @@ pub struct Worker {
     connect_timeout: Duration,
     /// The data plane's gRPC channel, created on first use (see [`Worker::grpc_channel`]);
     /// shared by the DP-rank workers of one engine.
-    channel: Arc<OnceLock<Channel>>,
+    channel: Arc<OnceLock<LegChannel>>,
     /// The decode admission window, sized by the running window the engine reported when it is
     /// first used (see `workers::admission`).
     admission: OnceLock<super::admission::Window>,
@@ -402,12 +402,9 @@ impl Worker {
     /// created it. Registration happens on the admin or a background service's runtime; the
     /// first request leg runs on the data plane's, which is where the connection must live.
     /// Call it only from the data plane (the background services have their own channels).
-    pub fn grpc_channel(&self) -> Channel {
+    pub fn grpc_channel(&self) -> LegChannel {
         self.channel
-            .get_or_init(|| {
-                super::grpc::endpoint(&self.address, self.socket, self.connect_timeout)
-                    .connect_lazy()
-            })
+            .get_or_init(|| LegChannel::lazy(&self.address, self.socket, self.connect_timeout))
             .clone()
     }
 

@@ -6,8 +6,8 @@
 //! TokenSpeed's are running totals. In stream mode a `complete` repeats only the last delta in
 //! `output_ids` (the servicers' code), so the stream's tokens come from the chunks.
 
+use super::channel::LegChannel;
 use pdgate_proto::{sglang, tokenspeed, vllm};
-use tonic::transport::Channel;
 use tonic::{Status, Streaming};
 
 use crate::config::RuntimeType;
@@ -140,7 +140,7 @@ fn with_trace<T>(msg: T, trace: &TraceMetadata) -> tonic::Request<T> {
 /// the Python grpc.aio servicers, together with the first message (or the error). `trace`: the
 /// leg's trace context, when it is traced.
 pub async fn generate(
-    channel: Channel,
+    channel: LegChannel,
     req: GenerateRequest,
     trace: TraceMetadata,
 ) -> Result<ResponseStream, Status> {
@@ -182,7 +182,7 @@ pub async fn generate(
 
 /// Asks the engine to abort `request_id` (SGLang and TokenSpeed take a reason, vLLM a list).
 pub async fn abort(
-    channel: Channel,
+    channel: LegChannel,
     engine: Engine,
     request_id: String,
     reason: &str,

@@ -17,7 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::Channel;
+use super::channel::LegChannel;
 use tonic::Status;
 
 use super::engine::{self, Engine, GenerateRequest, Message, ResponseStream};
@@ -47,7 +47,7 @@ enum Call {
 /// A leg in flight. See the module doc for what dropping it does.
 pub struct GrpcLeg {
     engine: Engine,
-    channel: Channel,
+    channel: LegChannel,
     request_id: String,
     pub worker: Arc<Worker>,
     call: Call,
@@ -68,7 +68,7 @@ impl GrpcLeg {
     /// `trace`: the leg's span, whose trace context goes out as the call's metadata.
     pub fn start(
         worker: Arc<Worker>,
-        channel: Channel,
+        channel: LegChannel,
         engine: Engine,
         request_id: String,
         req: GenerateRequest,

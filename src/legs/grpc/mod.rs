@@ -8,6 +8,7 @@
 //! stops, the route's JSON or SSE).
 
 pub mod build;
+pub mod channel;
 pub mod encode;
 pub mod engine;
 pub mod leg;
@@ -17,6 +18,8 @@ pub mod parallel;
 pub mod prepare;
 pub mod relay;
 pub mod sequential;
+
+pub use channel::LegChannel;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
