@@ -56,7 +56,10 @@
 # when there is no PEER_CMD), PDGATE_ALT_YAML (more `gateway:` lines, indented two spaces, for
 # PDGATE_ALT's gateways only; `{otlp_grpc}` / `{otlp_http}` in it start a mock OTLP collector,
 # `mock-collector`, and name its gRPC / HTTP endpoint), PEER_GRPC_CMD / PEER_GRPC_NAME, MODEL_DIR
-# (default $OUT/model).
+# (default $OUT/model), GRPC_YAML (more `gateway:` lines, indented two spaces, for the gRPC
+# pdgate only, e.g. '  tokenizer_cache_enable_l0: true'), UNIQUE_PROMPTS=1 (every request's
+# prompt differs: its first word carries the connection and request number, so no tokenizer
+# or prefix cache can serve a repeat).
 #
 # Engines: three identical SGLang engines per mode (canned-fast or mock `both`: they serve a PD
 # leg body as a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
@@ -305,7 +308,8 @@ for mode in $MODES; do
     watch+=(--watch "grpc-decode=$MOCK_PID")
     engines+=(--engine "$http:$((base + 7))" --engine "$http:$((base + 8))")
     start_pd_pdgate "$mode-pdgate-grpc" $((base + 14)) "grpc://127.0.0.1:$((base + 5))" \
-      $((base + 4)) "grpc://127.0.0.1:$((base + 6))" "  model_path: $MODEL_DIR"
+      $((base + 4)) "grpc://127.0.0.1:$((base + 6))" "  model_path: $MODEL_DIR${GRPC_YAML:+
+$GRPC_YAML}"
     gateways+=("pdgate-grpc=$http:$((base + 14)),pid=$GW_PID")
     start_peer "$mode-$PEER_GRPC_NAME" $((base + 16)) "grpc://127.0.0.1:$((base + 5))" \
       $((base + 4)) "grpc://127.0.0.1:$((base + 6))" "$PEER_GRPC_CMD"
@@ -330,6 +334,7 @@ for mode in $MODES; do
       "${watch[@]}" "${engines[@]}" \
       --mode "$label" --concurrency "$CONCURRENCY" --prompt-bytes "$PROMPTS" --stream "$STREAM" \
       --max-tokens "$MAX_TOKENS" --duration "$DURATION" --warmup "$WARMUP" \
+      ${UNIQUE_PROMPTS:+--unique-prompts} \
       --json "$OUT/sweep-$mode.jsonl" --markdown /dev/null
   done
   "$BIN/pdgate-bench" table sweep "$OUT/sweep-$mode.jsonl" "${roles[@]}" >"$OUT/sweep-$mode.md"

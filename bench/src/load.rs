@@ -66,6 +66,9 @@ pub struct LoadSpec {
     pub warmup: Duration,
     pub duration: Duration,
     pub timeout: Duration,
+    /// Every request's prompt differs (its first 8 bytes carry the connection and request
+    /// number), so nothing downstream can answer from a cache of earlier prompts.
+    pub unique_prompts: bool,
 }
 
 /// What one connection saw inside the window.
@@ -107,14 +110,39 @@ fn us(d: Duration) -> u32 {
     d.as_micros().min(u32::MAX as u128) as u32
 }
 
+/// Where a request's prompt text starts (after the first `"content":"`), if it has 8 bytes to
+/// overwrite.
+fn prompt_offset(bytes: &[u8]) -> Option<usize> {
+    const KEY: &[u8] = b"\"content\":\"";
+    let at = bytes.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    bytes
+        .get(at..at + 8)
+        .filter(|p| p.iter().all(|&b| b.is_ascii_lowercase() || b == b' '))
+        .map(|_| at)
+}
+
+/// Writes `n` as 8 letters `a`–`p` (4 bits each): a pseudo-word, no JSON escaping.
+fn stamp(out: &mut [u8], n: u32) {
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = b'a' + ((n >> (28 - 4 * i)) & 15) as u8;
+    }
+}
+
 async fn drive(
     target: SocketAddr,
-    req: RawRequest,
+    mut req: RawRequest,
     spec: Arc<LoadSpec>,
     window: (Instant, Instant),
+    task: u32,
 ) -> Tally {
     let mut tally = Tally::default();
     let mut conn: Option<Conn> = None;
+    // Unique prompts: this connection's own copy of the request, stamped before each send.
+    let mut stamped = spec
+        .unique_prompts
+        .then(|| prompt_offset(&req.bytes).map(|at| (req.bytes.to_vec(), at)))
+        .flatten();
+    let mut sent: u32 = 0;
     let in_window = |t: Instant| t >= window.0 && t < window.1;
     while Instant::now() < window.1 {
         let c = match conn.as_mut() {
@@ -130,6 +158,11 @@ async fn drive(
                 }
             },
         };
+        if let Some((bytes, at)) = stamped.as_mut() {
+            stamp(&mut bytes[*at..*at + 8], (task << 20) | (sent & 0xF_FFFF));
+            sent = sent.wrapping_add(1);
+            req.bytes = bytes.clone().into();
+        }
         let start = Instant::now();
         let result = c.send(&req, Keep::default(), spec.timeout).await;
         let end = Instant::now();
@@ -176,7 +209,15 @@ pub async fn run(target: &Target, spec: &LoadSpec, watch: &[(String, u32)]) -> V
     let begin = Instant::now() + Duration::from_millis(20);
     let window = (begin + spec.warmup, begin + spec.warmup + spec.duration);
     let tasks: Vec<_> = (0..spec.concurrency)
-        .map(|_| tokio::spawn(drive(target.addr, req.clone(), Arc::clone(&spec), window)))
+        .map(|i| {
+            tokio::spawn(drive(
+                target.addr,
+                req.clone(),
+                Arc::clone(&spec),
+                window,
+                i as u32,
+            ))
+        })
         .collect();
 
     tokio::time::sleep_until(window.0.into()).await;
@@ -226,6 +267,7 @@ pub async fn run(target: &Target, spec: &LoadSpec, watch: &[(String, u32)]) -> V
         "target": target.name,
         "stream": spec.stream,
         "prompt_bytes": spec.body.len(),
+        "unique_prompts": spec.unique_prompts,
         "concurrency": spec.concurrency,
         "window_s": round3(elapsed),
         "requests": tally.ok,
@@ -273,5 +315,24 @@ mod tests {
         assert_eq!((d.addr.ip().to_string(), d.pid), ("127.0.0.1".into(), None));
         assert!(Target::parse("http://127.0.0.1:1").is_err());
         assert!(Target::parse("x=http://127.0.0.1:1,cpu=3").is_err());
+    }
+
+    #[test]
+    fn unique_prompts_stamp_the_first_word_of_the_prompt() {
+        let body = crate::workload::chat_body(300, 16, false);
+        let at = prompt_offset(&body).expect("the prompt is found");
+        let original: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let len = original["messages"][0]["content"].as_str().unwrap().len();
+        let mut a = body.clone();
+        let mut b = body.clone();
+        stamp(&mut a[at..at + 8], 1);
+        stamp(&mut b[at..at + 8], (3 << 20) | 1);
+        assert_ne!(a, b);
+        for v in [&a, &b] {
+            let json: serde_json::Value = serde_json::from_slice(v).expect("still JSON");
+            let prompt = json["messages"][0]["content"].as_str().unwrap();
+            assert_eq!(prompt.len(), len);
+            assert!(prompt.bytes().take(8).all(|c| (b'a'..=b'p').contains(&c)));
+        }
     }
 }

@@ -186,6 +186,10 @@ struct SweepArgs {
     /// Per-request timeout, seconds.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
+    /// Make every request's prompt different (its first word carries the connection and
+    /// request number), so tokenizer and prefix caches cannot serve a repeat.
+    #[arg(long)]
+    unique_prompts: bool,
     #[command(flatten)]
     out: Output,
 }
@@ -395,6 +399,7 @@ async fn sweep(a: SweepArgs) -> Result<(), String> {
                         warmup: Duration::from_secs_f64(a.warmup),
                         duration: Duration::from_secs_f64(a.duration),
                         timeout: Duration::from_secs_f64(a.timeout),
+                        unique_prompts: a.unique_prompts,
                     };
                     let mut r = load::run(t, &spec, &watch).await;
                     r["mode"] = json!(a.mode);
