@@ -8,6 +8,7 @@
 //! router-side stop (a stop string SGLang could not take, or any stop the engine missed) ends
 //! its choice at once; a fanned-out sample's leg is then dropped, which aborts it.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,16 @@ impl Source<'_> {
         }
     }
 
+    /// The next message if it is already here, without waiting (a noop waker: the next real
+    /// poll registers the task's own).
+    fn ready(&mut self) -> Option<Next> {
+        let next = std::pin::pin!(self.next());
+        match next.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(n) => Some(n),
+            std::task::Poll::Pending => None,
+        }
+    }
+
     fn worker(&self) -> &Arc<Worker> {
         match self {
             Source::One(leg) => &leg.worker,
@@ -173,13 +184,18 @@ pub async fn relay(
         }
         head_sent = true;
     }
+    // A message that was already there when the previous one was handled (see the flush).
+    let mut ready: Option<Next> = None;
     loop {
         let stall = if plan.streaming {
             tokio::time::Instant::now() + plan.stall_timeout
         } else {
             deadline
         };
-        let next = tokio::select! {
+        let next = if let Some(next) = ready.take() {
+            next
+        } else {
+            tokio::select! {
             n = source.next() => n,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
             _ = tokio::time::sleep_until(stall.min(deadline)) => {
@@ -190,6 +206,7 @@ pub async fn relay(
                     "the decode stream stalled past stream_idle_timeout_secs"
                 };
                 return out.fail(session, ctx, head_sent, ErrorCode::Timeout, why).await;
+            }
             }
         };
         match next {
@@ -289,11 +306,24 @@ pub async fn relay(
             }
             return Attempt::Answered;
         }
-        if plan.streaming && out.flush(session).await.is_err() {
-            return Attempt::ClientGone;
+        if plan.streaming {
+            // Messages that have already arrived go out in one write with this one: nothing
+            // waits for them, and the client gets one send instead of one per token.
+            if out.buf.len() < COALESCE_BYTES {
+                ready = source.ready();
+                if ready.is_some() {
+                    continue;
+                }
+            }
+            if out.flush(session).await.is_err() {
+                return Attempt::ClientGone;
+            }
         }
     }
 }
+
+/// Most bytes of events held back while later messages are already there.
+const COALESCE_BYTES: usize = 16 * 1024;
 
 /// One choice's state.
 struct Choice {
