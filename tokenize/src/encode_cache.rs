@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex};
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 
+use crate::fast_bpe::FastBpe;
+
 /// What `--tokenizer-cache-*` asked for; a zero bound leaves that level off.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheConfig {
@@ -42,9 +44,18 @@ pub struct CacheStats {
     pub l1_misses: u64,
 }
 
+/// How a tokenizer encodes: the caches it was given, and its pieces encoded one by one when
+/// they are independent (with the fast path of [`FastBpe`] where it applies).
 pub(crate) struct EncodeCache {
     l0: Option<Bounded>,
-    l1: Option<(SegmentSplitter, Bounded)>,
+    pieces: Option<Pieces>,
+}
+
+/// The text between added tokens, encoded piece by piece.
+struct Pieces {
+    splitter: SegmentSplitter,
+    l1: Option<Bounded>,
+    fast: Option<FastBpe>,
 }
 
 impl EncodeCache {
@@ -56,23 +67,28 @@ impl EncodeCache {
     ) -> (EncodeCache, Option<String>) {
         let l0 =
             (config.l0_max_entries > 0).then(|| Bounded::new(config.l0_max_entries, Cost::Entry));
-        if config.l1_max_bytes == 0 {
-            return (EncodeCache { l0, l1: None }, None);
-        }
-        match SegmentSplitter::new(hf) {
-            Ok(splitter) => (
-                EncodeCache {
-                    l0,
-                    l1: Some((splitter, Bounded::new(config.l1_max_bytes, Cost::Bytes))),
-                },
-                None,
-            ),
-            Err(why) => (EncodeCache { l0, l1: None }, Some(why)),
-        }
+        let (pieces, refused) = match SegmentSplitter::new(hf) {
+            Ok(splitter) => {
+                let l1 = (config.l1_max_bytes > 0)
+                    .then(|| Bounded::new(config.l1_max_bytes, Cost::Bytes));
+                let fast = FastBpe::new(hf);
+                let useful = l1.is_some() || fast.is_some();
+                (useful.then_some(Pieces { splitter, l1, fast }), None)
+            }
+            Err(why) => (None, (config.l1_max_bytes > 0).then_some(why)),
+        };
+        (EncodeCache { l0, pieces }, refused)
     }
 
-    pub(crate) fn is_active(&self) -> bool {
-        self.l0.is_some() || self.l1.is_some()
+    /// Whether encoding goes through the fast path (tests).
+    #[cfg(test)]
+    pub(crate) fn has_fast_path(&self) -> bool {
+        self.pieces.as_ref().is_some_and(|p| p.fast.is_some())
+    }
+
+    #[cfg(test)]
+    fn has_l1(&self) -> bool {
+        self.pieces.as_ref().is_some_and(|p| p.l1.is_some())
     }
 
     pub(crate) fn encode(
@@ -90,8 +106,8 @@ impl EncodeCache {
                 return Ok(ids.to_vec());
             }
         }
-        let ids = match &self.l1 {
-            Some((splitter, l1)) if !add_special_tokens => splitter.encode(hf, l1, text)?,
+        let ids = match &self.pieces {
+            Some(pieces) if !add_special_tokens => pieces.encode(hf, text)?,
             _ => uncached(hf, text, add_special_tokens)?,
         };
         if let Some((l0, key)) = l0_key {
@@ -102,7 +118,11 @@ impl EncodeCache {
 
     pub(crate) fn stats(&self) -> CacheStats {
         let (l0_hits, l0_misses) = self.l0.as_ref().map_or((0, 0), Bounded::counts);
-        let (l1_hits, l1_misses) = self.l1.as_ref().map_or((0, 0), |(_, b)| b.counts());
+        let (l1_hits, l1_misses) = self
+            .pieces
+            .as_ref()
+            .and_then(|p| p.l1.as_ref())
+            .map_or((0, 0), Bounded::counts);
         CacheStats {
             l0_hits,
             l0_misses,
@@ -169,36 +189,47 @@ impl SegmentSplitter {
             .map_err(|e| e.to_string())?;
         Ok(SegmentSplitter { tokens, ids })
     }
+}
 
-    fn encode(
-        &self,
-        hf: &tokenizers::Tokenizer,
-        cache: &Bounded,
-        text: &str,
-    ) -> tokenizers::Result<Vec<u32>> {
+impl Pieces {
+    fn encode(&self, hf: &tokenizers::Tokenizer, text: &str) -> tokenizers::Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 8);
-        let piece = |out: &mut Vec<u32>, piece: &str| -> tokenizers::Result<()> {
-            if piece.is_empty() {
-                return Ok(());
-            }
-            let key = cache.key(piece, false);
-            if let Some(ids) = cache.get(key, piece) {
-                out.extend_from_slice(&ids);
-            } else {
-                let ids = uncached(hf, piece, false)?;
-                out.extend_from_slice(&ids);
-                cache.insert(key, piece, &ids);
-            }
-            Ok(())
-        };
         let mut at = 0;
-        for m in self.tokens.find_iter(text) {
-            piece(&mut out, &text[at..m.start()])?;
-            out.push(self.ids[m.pattern().as_usize()]);
+        for m in self.splitter.tokens.find_iter(text) {
+            self.piece(hf, &text[at..m.start()], &mut out)?;
+            out.push(self.splitter.ids[m.pattern().as_usize()]);
             at = m.end();
         }
-        piece(&mut out, &text[at..])?;
+        self.piece(hf, &text[at..], &mut out)?;
         Ok(out)
+    }
+
+    /// One piece's ids: from L1, else from the fast path or the tokenizer (then kept in L1).
+    fn piece(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> tokenizers::Result<()> {
+        if piece.is_empty() {
+            return Ok(());
+        }
+        let key = self.l1.as_ref().map(|l1| (l1, l1.key(piece, false)));
+        if let Some((l1, key)) = &key {
+            if let Some(ids) = l1.get(*key, piece) {
+                out.extend_from_slice(&ids);
+                return Ok(());
+            }
+        }
+        let start = out.len();
+        let fast = self.fast.as_ref().and_then(|f| f.encode_piece(piece, out));
+        if fast.is_none() {
+            out.extend(uncached(hf, piece, false)?);
+        }
+        if let Some((l1, key)) = key {
+            l1.insert(key, piece, &out[start..]);
+        }
+        Ok(())
     }
 }
 

@@ -22,6 +22,7 @@ pub mod chat_template;
 mod detokenize;
 mod encode_cache;
 mod error;
+mod fast_bpe;
 pub mod fixture;
 mod model_dir;
 mod special_tokens;

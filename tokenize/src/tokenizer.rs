@@ -13,7 +13,7 @@ use tokenizers::processors::template::TemplateProcessing;
 
 use crate::byte_level::ByteTable;
 use crate::chat_template::{ChatInput, ChatTemplate, ChatTemplates, ContentFormat};
-use crate::encode_cache::{self, CacheConfig, CacheStats, EncodeCache};
+use crate::encode_cache::{CacheConfig, CacheStats, EncodeCache};
 use crate::error::{LoadError, TemplateError, TokenizeError};
 use crate::model_dir::{ModelFiles, ModelSource};
 use crate::special_tokens::SpecialTokens;
@@ -26,8 +26,8 @@ pub struct Tokenizer {
     chat_templates: ChatTemplates,
     /// Token bytes for byte-level tokenizers (the stream decoder's fast, exact path).
     byte_table: Option<ByteTable>,
-    /// `--tokenizer-cache-*` (none: every encode runs the tokenizer).
-    cache: Option<EncodeCache>,
+    /// How texts are encoded: `--tokenizer-cache-*` and the fast path (see [`EncodeCache`]).
+    encoder: EncodeCache,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -94,13 +94,14 @@ impl Tokenizer {
         }
 
         let byte_table = ByteTable::build(&inner);
+        let encoder = EncodeCache::new(&inner, CacheConfig::default()).0;
         Ok(Self {
-            inner,
             byte_table,
             special_tokens: files.special_tokens,
             eos_token_ids,
             chat_templates: ChatTemplates::new(default, named),
-            cache: None,
+            encoder,
+            inner,
         })
     }
 
@@ -108,17 +109,14 @@ impl Tokenizer {
     /// why this tokenizer cannot have the piece cache (L1) — the whole-text cache (L0) is on
     /// regardless, when asked for.
     pub fn set_cache(&mut self, config: CacheConfig) -> Option<String> {
-        let (cache, refused) = EncodeCache::new(&self.inner, config);
-        self.cache = cache.is_active().then_some(cache);
+        let (encoder, refused) = EncodeCache::new(&self.inner, config);
+        self.encoder = encoder;
         refused
     }
 
     /// The caches' hit and miss counts (zeros without caches).
     pub fn cache_stats(&self) -> CacheStats {
-        self.cache
-            .as_ref()
-            .map(EncodeCache::stats)
-            .unwrap_or_default()
+        self.encoder.stats()
     }
 
     /// Loads a model directory (`--model-path DIR`).
@@ -131,11 +129,9 @@ impl Tokenizer {
     /// their ids, as in Hugging Face. A chat prompt from a template is encoded with `false`: the
     /// template already wrote the BOS.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
-        match &self.cache {
-            Some(cache) => cache.encode(&self.inner, text, add_special_tokens),
-            None => encode_cache::uncached(&self.inner, text, add_special_tokens),
-        }
-        .map_err(tokenize_error)
+        self.encoder
+            .encode(&self.inner, text, add_special_tokens)
+            .map_err(tokenize_error)
     }
 
     /// How many tokens `text` encodes to (`/v1/messages/count_tokens`).
@@ -144,13 +140,7 @@ impl Tokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<usize, TokenizeError> {
-        if self.cache.is_some() {
-            return self.encode(text, add_special_tokens).map(|ids| ids.len());
-        }
-        self.inner
-            .encode_fast(text, add_special_tokens)
-            .map(|e| e.len())
-            .map_err(tokenize_error)
+        self.encode(text, add_special_tokens).map(|ids| ids.len())
     }
 
     /// The one token `text` encodes to (without special tokens), if it is exactly one: a stop

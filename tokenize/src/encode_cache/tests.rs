@@ -180,7 +180,7 @@ fn l1_is_refused_where_pieces_are_not_independent() {
     let (c, why) = refused(&lstrip);
     assert!(why.contains("strips whitespace"), "{why}");
     // L0 stays on, and stays exact.
-    assert!(c.is_active() && c.l1.is_none());
+    assert!(c.l0.is_some() && !c.has_l1());
     let t = "a <|im_start|> b";
     assert_eq!(
         c.encode(&lstrip, t, false).unwrap(),
@@ -260,4 +260,18 @@ fn a_hash_collision_is_a_miss_not_a_wrong_answer() {
     assert_eq!(b.get(42, "another text").as_deref(), Some(&[2u32][..]));
     let s = b.shard(42);
     assert_eq!((s.map.len(), s.order.len(), s.used), (1, 1, 1));
+}
+
+#[test]
+fn the_fast_path_is_taken_where_it_applies_even_without_caches() {
+    let none = CacheConfig::default();
+    assert!(EncodeCache::new(chatml(), none).0.has_fast_path());
+    // SentencePiece: no byte-level alphabet, the library encodes.
+    assert!(!EncodeCache::new(sentencepiece(), none).0.has_fast_path());
+    let c = EncodeCache::new(chatml(), none).0;
+    let text = "<|im_start|>user\nIt's 2024; what's new?<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(
+        c.encode(chatml(), text, false).unwrap(),
+        uncached(chatml(), text, false).unwrap()
+    );
 }
