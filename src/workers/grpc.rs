@@ -37,7 +37,7 @@ pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a keep-alive ping may go unanswered before the connection is dropped.
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keep-alive.
-const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+pub(crate) const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// Flow-control windows before the adaptive window takes over (SMG's: 16 MiB / 32 MiB).
 pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
 pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;

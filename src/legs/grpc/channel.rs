@@ -8,7 +8,8 @@
 //! request's URI and box each response body. A leg sends on the HTTP/2 connection itself; the
 //! h2 connection task is the only other task involved. Settings are SMG's channel settings
 //! (see [`crate::workers::grpc`]): HTTP/2 keep-alive pings every 30 s with a 10 s timeout, also
-//! while idle, no Nagle, 16/32 MiB windows, adaptive flow control, the worker's connect timeout.
+//! while idle, TCP keep-alive 60 s, no Nagle, 16/32 MiB windows, adaptive flow control, the
+//! worker's connect timeout.
 //!
 //! Failures: a connection that cannot be made, or that closed under a call, is `UNAVAILABLE`
 //! (what tonic's channel answers, and what the attempt loop retries); an error on an open
@@ -31,7 +32,7 @@ use tonic::body::Body;
 use tonic::Status;
 
 use crate::workers::grpc::{
-    CONNECTION_WINDOW, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, STREAM_WINDOW,
+    CONNECTION_WINDOW, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, STREAM_WINDOW, TCP_KEEPALIVE,
 };
 use crate::workers::WorkerAddress;
 
@@ -111,6 +112,8 @@ impl Shared {
         .map_err(|e| unavailable("connecting to", &e))?
         .map_err(|e| unavailable("connecting to", &e))?;
         let _ = tcp.set_nodelay(true);
+        let _ = socket2::SockRef::from(&tcp)
+            .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .initial_stream_window_size(STREAM_WINDOW)
