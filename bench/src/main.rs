@@ -19,6 +19,7 @@ mod control;
 mod hold;
 mod http1;
 mod load;
+mod one_pass;
 mod prefix;
 mod procstat;
 mod report;
@@ -70,6 +71,17 @@ enum Command {
     WriteModel(WriteModelArgs),
     /// An SGLang-shaped HTTP/1.1 engine answering from preformatted buffers (one thread).
     CannedEngine(CannedEngineArgs),
+    /// Time the gateway's one pass over a request body (parse + shape check + leg splice) alone.
+    OnePass(OnePassArgs),
+}
+
+#[derive(Args)]
+struct OnePassArgs {
+    /// Prompt size of the chat body, bytes.
+    #[arg(default_value_t = 262_144)]
+    prompt_bytes: usize,
+    /// Calls per batch (default: ~50 ms worth).
+    iters: Option<u32>,
 }
 
 #[derive(Args)]
@@ -318,6 +330,10 @@ fn main() -> ExitCode {
             model: a.model,
             max_running_requests: a.max_running_requests,
         }),
+        Command::OnePass(a) => {
+            one_pass::run(a.prompt_bytes, a.iters);
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

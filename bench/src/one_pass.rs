@@ -1,15 +1,11 @@
-//! The gateway's one pass over a PD request body, timed in isolation: `scan_object` (validate +
-//! record the top-level entries), `classify` (the request facts and the route's shape check) and
-//! the SGLang leg body splice (`leg_body`, one copy of the body with the bootstrap keys added) —
-//! what `serve_pd` and `legs::parallel::attempt` do once per request. A plain copy of the body
-//! and a `serde_json::Value` parse of it are timed too, for scale.
-//!
-//! ```text
-//! cargo run --release -p pdgate-filters --example one_pass -- 262144 [ITERS]
-//! ```
-//!
-//! Prints µs per call: median and min of 7 batches by wall clock and, where Linux exposes it, the
-//! thread's own CPU time over the 7 batches (`/proc/thread-self/schedstat`).
+//! `pdgate-bench one-pass PROMPT_BYTES [ITERS]`: the gateway's one pass over a PD request body,
+//! timed in isolation — `scan_object` (validate + record the top-level entries), `classify` (the
+//! request facts and the route's shape check) and the SGLang leg body splice (`leg_body`, one
+//! copy of the body with the bootstrap keys added), what `serve_pd` and `legs::parallel::attempt`
+//! do once per request — on the body `sweep` sends. A plain copy of the body and a
+//! `serde_json::Value` parse of it are timed too, for scale. Prints µs per call: median and min
+//! of 7 batches by wall clock and, where Linux exposes it, the thread's own CPU time over the 7
+//! batches (`/proc/thread-self/schedstat`).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -18,58 +14,9 @@ use pdgate_filters::body::is_valid_json;
 use pdgate_filters::handoff::sglang::{leg_body, BootstrapTarget, DpRanks, Leg, Rooms};
 use pdgate_filters::shape::check_shape;
 use pdgate_filters::{classify, scan_object, Route};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-/// The body `pdgate-bench sweep` sends (copied from `bench/src/workload.rs`: `words` and
-/// `chat_body`): a chat request of `prompt_bytes` bytes of pseudo-words.
-fn chat_body(prompt_bytes: usize, max_tokens: u32, stream: bool) -> Vec<u8> {
-    let chat = |messages: Vec<Value>| {
-        let mut body = json!({
-            "model": "mock-model",
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-        });
-        if stream {
-            body["stream"] = json!(true);
-        }
-        body
-    };
-    let overhead = serde_json::to_vec(&chat(vec![])).map_or(0, |v| v.len()) + 40;
-    let prompt = words(7, prompt_bytes.saturating_sub(overhead).max(8));
-    serde_json::to_vec(&chat(vec![json!({"role": "user", "content": prompt})]))
-        .expect("a JSON value serializes")
-}
-
-fn words(seed: u64, bytes: usize) -> String {
-    const SYLLABLES: [&str; 16] = [
-        "ka", "lo", "mi", "nu", "ra", "se", "ti", "vo", "ba", "de", "fi", "go", "hu", "ze", "po",
-        "wa",
-    ];
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    };
-    let mut out = String::with_capacity(bytes + 16);
-    while out.len() < bytes {
-        if !out.is_empty() {
-            out.push(' ');
-        }
-        let r = next();
-        for k in 0..(2 + (r % 3)) {
-            out.push_str(SYLLABLES[((r >> (8 + 4 * k)) & 15) as usize]);
-        }
-    }
-    out.truncate(bytes);
-    while out.ends_with(' ') {
-        out.pop();
-        out.push('x');
-    }
-    out
-}
+use crate::workload::chat_body;
 
 /// This thread's CPU time in ns, when `/proc/thread-self/schedstat` exists.
 fn thread_cpu_ns() -> Option<u64> {
@@ -121,17 +68,12 @@ fn report(name: &str, mut t: Timing, bytes: usize) -> f64 {
     wall
 }
 
-fn main() {
-    let mut args = std::env::args().skip(1);
-    let prompt: usize = args
-        .next()
-        .map_or(262_144, |a| a.parse().expect("prompt bytes"));
+pub fn run(prompt: usize, iters: Option<u32>) {
     let body = chat_body(prompt, 16, false);
     // Enough calls per batch for ~50 ms at ~1 GB/s.
-    let iters: u32 = args.next().map_or_else(
-        || u32::try_from((50_000_000 / body.len()).clamp(20, 100_000)).unwrap_or(20),
-        |a| a.parse().expect("iterations"),
-    );
+    let iters: u32 = iters.unwrap_or_else(|| {
+        u32::try_from((50_000_000 / body.len()).clamp(20, 100_000)).unwrap_or(20)
+    });
     let target = BootstrapTarget {
         host: "127.0.0.1",
         port: Some(8998),
