@@ -6,89 +6,53 @@
 use super::LoadedConfig;
 
 /// The settings that differ between `old` and `new` but cannot take effect without a restart
-/// (listener addresses, tracing, service discovery and any Pingora top-level key), as YAML key paths. Empty: the reload can
-/// be applied in place.
+/// (listener addresses, tracing, service discovery, the tokenizer and any Pingora top-level key),
+/// as YAML key paths. Empty: the reload can be applied in place.
 pub fn restart_required(old: &LoadedConfig, new: &LoadedConfig) -> Vec<String> {
     let (a, b) = (&old.gateway, &new.gateway);
     let mut keys = Vec::new();
+    // A key whose new value needs a restart, when it changed.
+    macro_rules! changed {
+        ($key:ident) => {
+            (stringify!($key), a.$key != b.$key)
+        };
+    }
     let listeners = [
-        ("host", a.host != b.host),
-        ("port", a.port != b.port),
-        (
-            "health_check_port",
-            a.health_check_port != b.health_check_port,
-        ),
-        ("prometheus_host", a.prometheus_host != b.prometheus_host),
-        ("prometheus_port", a.prometheus_port != b.prometheus_port),
-        ("admin_host", a.admin_host != b.admin_host),
-        ("admin_port", a.admin_port != b.admin_port),
+        changed!(host),
+        changed!(port),
+        changed!(health_check_port),
+        changed!(prometheus_host),
+        changed!(prometheus_port),
+        changed!(admin_host),
+        changed!(admin_port),
         // The logger is installed once, at startup.
-        ("log_json", a.log_json != b.log_json),
+        changed!(log_json),
         // The exporter and its thread are set up once at startup.
-        ("enable_trace", a.enable_trace != b.enable_trace),
-        (
-            "otlp_traces_endpoint",
-            a.otlp_traces_endpoint != b.otlp_traces_endpoint,
-        ),
+        changed!(enable_trace),
+        changed!(otlp_traces_endpoint),
         // The discovery watch is started once, with the settings it started with.
-        (
-            "service_discovery",
-            a.service_discovery != b.service_discovery,
-        ),
-        (
-            "discovery_provider",
-            a.discovery_provider != b.discovery_provider,
-        ),
-        ("prefill_selector", a.prefill_selector != b.prefill_selector),
-        ("decode_selector", a.decode_selector != b.decode_selector),
-        ("encode_selector", a.encode_selector != b.encode_selector),
+        changed!(service_discovery),
+        changed!(discovery_provider),
+        changed!(prefill_selector),
+        changed!(decode_selector),
+        changed!(encode_selector),
         // The mode decides which workers may register and what readiness needs; the
         // registry and the discovery watch hold workers admitted under the old one.
-        (
-            "epd_disaggregation",
-            a.epd_disaggregation != b.epd_disaggregation,
-        ),
-        (
-            "service_discovery_port",
-            a.service_discovery_port != b.service_discovery_port,
-        ),
-        (
-            "service_discovery_namespace",
-            a.service_discovery_namespace != b.service_discovery_namespace,
-        ),
-        (
-            "kv_connector_annotation",
-            a.kv_connector_annotation != b.kv_connector_annotation,
-        ),
-        (
-            "kv_engine_id_annotation",
-            a.kv_engine_id_annotation != b.kv_engine_id_annotation,
-        ),
-        ("discovery_file", a.discovery_file != b.discovery_file),
+        changed!(epd_disaggregation),
+        changed!(service_discovery_port),
+        changed!(service_discovery_namespace),
+        changed!(kv_connector_annotation),
+        changed!(kv_engine_id_annotation),
+        changed!(discovery_file),
+        changed!(discovery_check_interval_secs),
         // The tokenizer (and its caches) is loaded once, at startup.
-        ("model_path", a.model_path != b.model_path),
-        ("tokenizer_path", a.tokenizer_path != b.tokenizer_path),
-        ("chat_template", a.chat_template != b.chat_template),
-        (
-            "tokenizer_cache_enable_l0",
-            a.tokenizer_cache_enable_l0 != b.tokenizer_cache_enable_l0,
-        ),
-        (
-            "tokenizer_cache_l0_max_entries",
-            a.tokenizer_cache_l0_max_entries != b.tokenizer_cache_l0_max_entries,
-        ),
-        (
-            "tokenizer_cache_enable_l1",
-            a.tokenizer_cache_enable_l1 != b.tokenizer_cache_enable_l1,
-        ),
-        (
-            "tokenizer_cache_l1_max_memory",
-            a.tokenizer_cache_l1_max_memory != b.tokenizer_cache_l1_max_memory,
-        ),
-        (
-            "discovery_check_interval_secs",
-            a.discovery_check_interval_secs != b.discovery_check_interval_secs,
-        ),
+        changed!(model_path),
+        changed!(tokenizer_path),
+        changed!(chat_template),
+        changed!(tokenizer_cache_enable_l0),
+        changed!(tokenizer_cache_l0_max_entries),
+        changed!(tokenizer_cache_enable_l1),
+        changed!(tokenizer_cache_l1_max_memory),
     ];
     keys.extend(
         listeners

@@ -1568,6 +1568,35 @@ fn tracing_changes_need_a_restart() {
     );
 }
 
+#[test]
+fn tokenizer_changes_need_a_restart() {
+    let old = yaml("  model_path: /m").expect("valid");
+    let cached = yaml(
+        "  model_path: /m\n  tokenizer_cache_enable_l1: true\n  tokenizer_cache_l0_max_entries: 5",
+    )
+    .expect("valid");
+    assert_eq!(
+        restart_required(&old, &cached),
+        [
+            "gateway.tokenizer_cache_l0_max_entries",
+            "gateway.tokenizer_cache_enable_l1"
+        ]
+    );
+    let other = yaml("  model_path: /other").expect("valid");
+    assert_eq!(restart_required(&old, &other), ["gateway.model_path"]);
+}
+
+#[test]
+fn an_enabled_tokenizer_cache_needs_room() {
+    let err = yaml("  tokenizer_cache_enable_l0: true\n  tokenizer_cache_l0_max_entries: 0")
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("tokenizer_cache_l0_max_entries"),
+        "{err}"
+    );
+    yaml("  tokenizer_cache_l0_max_entries: 0").expect("a cache left off needs no room");
+}
+
 // ---- tracing -------------------------------------------------------------------------------------------
 
 #[test]
