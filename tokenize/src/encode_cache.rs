@@ -17,6 +17,9 @@
 //!
 //! Both are bounded (L0 by entries, L1 by bytes) and evict oldest-first; each is split into
 //! shards whose lock is held for one lookup or insert (never across a tokenization).
+//!
+//! [`Encoder`] is how a tokenizer encodes: L0, then the pieces (L1, else the byte-level fast
+//! path of [`crate::fast_bpe`], else the library), whichever of them this tokenizer has.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
@@ -46,7 +49,7 @@ pub struct CacheStats {
 
 /// How a tokenizer encodes: the caches it was given, and its pieces encoded one by one when
 /// they are independent (with the fast path of [`FastBpe`] where it applies).
-pub(crate) struct EncodeCache {
+pub(crate) struct Encoder {
     l0: Option<Bounded>,
     pieces: Option<Pieces>,
 }
@@ -58,13 +61,13 @@ struct Pieces {
     fast: Option<FastBpe>,
 }
 
-impl EncodeCache {
+impl Encoder {
     /// The caches `config` asks for, and why L1 could not be had when it was asked for and
     /// this tokenizer's pieces are not independent (L0 works regardless).
     pub(crate) fn new(
         hf: &tokenizers::Tokenizer,
         config: CacheConfig,
-    ) -> (EncodeCache, Option<String>) {
+    ) -> (Encoder, Option<String>) {
         let l0 =
             (config.l0_max_entries > 0).then(|| Bounded::new(config.l0_max_entries, Cost::Entry));
         let (pieces, refused) = match SegmentSplitter::new(hf) {
@@ -77,7 +80,7 @@ impl EncodeCache {
             }
             Err(why) => (None, (config.l1_max_bytes > 0).then_some(why)),
         };
-        (EncodeCache { l0, pieces }, refused)
+        (Encoder { l0, pieces }, refused)
     }
 
     /// Whether encoding goes through the fast path (tests).

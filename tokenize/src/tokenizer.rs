@@ -13,7 +13,7 @@ use tokenizers::processors::template::TemplateProcessing;
 
 use crate::byte_level::ByteTable;
 use crate::chat_template::{ChatInput, ChatTemplate, ChatTemplates, ContentFormat};
-use crate::encode_cache::{CacheConfig, CacheStats, EncodeCache};
+use crate::encode_cache::{CacheConfig, CacheStats, Encoder};
 use crate::error::{LoadError, TemplateError, TokenizeError};
 use crate::model_dir::{ModelFiles, ModelSource};
 use crate::special_tokens::SpecialTokens;
@@ -26,8 +26,8 @@ pub struct Tokenizer {
     chat_templates: ChatTemplates,
     /// Token bytes for byte-level tokenizers (the stream decoder's fast, exact path).
     byte_table: Option<ByteTable>,
-    /// How texts are encoded: `--tokenizer-cache-*` and the fast path (see [`EncodeCache`]).
-    encoder: EncodeCache,
+    /// How texts are encoded: `--tokenizer-cache-*` and the fast path (see [`Encoder`]).
+    encoder: Encoder,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -94,7 +94,7 @@ impl Tokenizer {
         }
 
         let byte_table = ByteTable::build(&inner);
-        let encoder = EncodeCache::new(&inner, CacheConfig::default()).0;
+        let encoder = Encoder::new(&inner, CacheConfig::default()).0;
         Ok(Self {
             byte_table,
             special_tokens: files.special_tokens,
@@ -109,7 +109,7 @@ impl Tokenizer {
     /// why this tokenizer cannot have the piece cache (L1) — the whole-text cache (L0) is on
     /// regardless, when asked for.
     pub fn set_cache(&mut self, config: CacheConfig) -> Option<String> {
-        let (encoder, refused) = EncodeCache::new(&self.inner, config);
+        let (encoder, refused) = Encoder::new(&self.inner, config);
         self.encoder = encoder;
         refused
     }

@@ -100,31 +100,33 @@ impl Shared {
         Ok(sender)
     }
 
+    /// A new connection, TCP connect and HTTP/2 preface both within the worker's connect timeout.
     async fn connect(&self) -> Result<http2::SendRequest<Body>, Status> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| {
             Status::unavailable(format!("{what} {}: {e}", self.socket))
         };
-        let tcp = tokio::time::timeout(
-            self.connect_timeout,
-            tokio::net::TcpStream::connect(self.socket),
-        )
-        .await
-        .map_err(|e| unavailable("connecting to", &e))?
-        .map_err(|e| unavailable("connecting to", &e))?;
-        let _ = tcp.set_nodelay(true);
-        let _ = socket2::SockRef::from(&tcp)
-            .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
-        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .initial_stream_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .adaptive_window(true)
-            .keep_alive_interval(KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .handshake(TokioIo::new(tcp))
+        let open = async {
+            let tcp = tokio::net::TcpStream::connect(self.socket)
+                .await
+                .map_err(|e| unavailable("connecting to", &e))?;
+            let _ = tcp.set_nodelay(true);
+            let _ = socket2::SockRef::from(&tcp)
+                .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
+            http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .initial_stream_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW)
+                .adaptive_window(true)
+                .keep_alive_interval(KEEPALIVE_INTERVAL)
+                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_while_idle(true)
+                .handshake(TokioIo::new(tcp))
+                .await
+                .map_err(|e| unavailable("HTTP/2 handshake with", &e))
+        };
+        let (sender, connection) = tokio::time::timeout(self.connect_timeout, open)
             .await
-            .map_err(|e| unavailable("HTTP/2 handshake with", &e))?;
+            .map_err(|e| unavailable("connecting to", &e))??;
         let socket = self.socket;
         tokio::spawn(async move {
             if let Err(e) = connection.await {

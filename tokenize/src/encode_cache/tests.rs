@@ -57,16 +57,16 @@ const BOTH: CacheConfig = CacheConfig {
     l1_max_bytes: 1 << 20,
 };
 
-fn cache(hf: &tokenizers::Tokenizer, config: CacheConfig) -> EncodeCache {
-    match EncodeCache::new(hf, config) {
+fn cache(hf: &tokenizers::Tokenizer, config: CacheConfig) -> Encoder {
+    match Encoder::new(hf, config) {
         (c, None) => c,
         (_, Some(why)) => panic!("L1 refused: {why}"),
     }
 }
 
 /// Why L1 is refused for `hf` (and the cache built without it).
-fn refused(hf: &tokenizers::Tokenizer) -> (EncodeCache, String) {
-    match EncodeCache::new(hf, BOTH) {
+fn refused(hf: &tokenizers::Tokenizer) -> (Encoder, String) {
+    match Encoder::new(hf, BOTH) {
         (c, Some(why)) => (c, why),
         (_, None) => panic!("L1 was not refused"),
     }
@@ -265,10 +265,10 @@ fn a_hash_collision_is_a_miss_not_a_wrong_answer() {
 #[test]
 fn the_fast_path_is_taken_where_it_applies_even_without_caches() {
     let none = CacheConfig::default();
-    assert!(EncodeCache::new(chatml(), none).0.has_fast_path());
+    assert!(Encoder::new(chatml(), none).0.has_fast_path());
     // SentencePiece: no byte-level alphabet, the library encodes.
-    assert!(!EncodeCache::new(sentencepiece(), none).0.has_fast_path());
-    let c = EncodeCache::new(chatml(), none).0;
+    assert!(!Encoder::new(sentencepiece(), none).0.has_fast_path());
+    let c = Encoder::new(chatml(), none).0;
     let text = "<|im_start|>user\nIt's 2024; what's new?<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(
         c.encode(chatml(), text, false).unwrap(),
