@@ -1114,3 +1114,44 @@ async fn tokenizer_caches_change_no_id() {
     let want: Vec<Vec<u32>> = chats.iter().map(chat_ids).collect();
     assert_eq!(sent, want);
 }
+
+/// The legs' HTTP/2 connection to a worker that went away and came back on the same address is
+/// made again: once the engine is back, requests succeed without restarting the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_comes_back_is_reconnected() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 34, 3]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 34, 4]).await;
+    let gw = gateway(&p, &d).await;
+    let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let port = d.port();
+    d.kill();
+    let cfg = MockEngineConfig {
+        port,
+        ..MockEngineConfig::grpc_test(EngineKind::Sglang, Role::Decode, [127, 0, 34, 4])
+            .with_vocab(vocab())
+    };
+    let back = MockEngine::spawn(cfg).await.expect("the decode comes back");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let answered = loop {
+        let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+        if r.status == 200 {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        answered,
+        "no answer after the decode came back\n{}",
+        gw.log()
+    );
+    assert!(back.wait_idle(Duration::from_secs(5)).await);
+    assert!(
+        !back.records().is_empty(),
+        "the new decode served the request"
+    );
+}
