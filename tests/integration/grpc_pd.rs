@@ -1127,12 +1127,23 @@ async fn a_worker_that_comes_back_is_reconnected() {
 
     let port = d.port();
     d.kill();
-    let cfg = MockEngineConfig {
-        port,
-        ..MockEngineConfig::grpc_test(EngineKind::Sglang, Role::Decode, [127, 0, 34, 4])
-            .with_vocab(vocab())
+    // The killed engine's listener closes asynchronously: bind again until the port is free.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let back = loop {
+        let cfg = MockEngineConfig {
+            port,
+            ..MockEngineConfig::grpc_test(EngineKind::Sglang, Role::Decode, [127, 0, 34, 4])
+                .with_vocab(vocab())
+        };
+        match MockEngine::spawn(cfg).await {
+            Ok(e) => break e,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the decode could not come back on port {port}: {e}"),
+        }
     };
-    let back = MockEngine::spawn(cfg).await.expect("the decode comes back");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let answered = loop {
         let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
