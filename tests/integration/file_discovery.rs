@@ -72,10 +72,18 @@ async fn a_manifest_written_after_startup_is_applied_as_it_changes() {
     ])
     .await;
 
-    // No manifest yet: the gateway serves, is not ready, and says why.
-    let r = gw.get("/readiness").await;
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert!(r.text().contains("cannot be read"), "{}", r.text());
+    // No manifest yet: the gateway serves, is not ready, and says why (once the watch's first
+    // read has failed: right after startup it may not have run yet).
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = gw.get("/readiness").await;
+        assert_eq!(r.status, 503, "{}", r.text());
+        if r.text().contains("cannot be read") {
+            break;
+        }
+        assert!(Instant::now() < end, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     write_manifest(
         &manifest,
