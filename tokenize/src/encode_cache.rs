@@ -38,9 +38,10 @@ pub struct CacheConfig {
     pub l1_max_bytes: usize,
 }
 
-/// Hit and miss counts since start (per level), for logs and tests.
+/// Hit and miss counts since start (per level): what the tests read to see a level used.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheStats {
+pub(crate) struct CacheStats {
     pub l0_hits: u64,
     pub l0_misses: u64,
     pub l1_hits: u64,
@@ -51,7 +52,9 @@ pub struct CacheStats {
 /// they are independent (with the fast path of [`FastBpe`] where it applies).
 pub(crate) struct Encoder {
     l0: Option<Bounded>,
-    pieces: Option<Pieces>,
+    /// `Err`: why this tokenizer's pieces are not independent (then neither L1 nor the fast
+    /// path applies).
+    pieces: Result<Pieces, String>,
 }
 
 /// The text between added tokens, encoded piece by piece.
@@ -62,36 +65,41 @@ struct Pieces {
 }
 
 impl Encoder {
-    /// The caches `config` asks for, and why L1 could not be had when it was asked for and
-    /// this tokenizer's pieces are not independent (L0 works regardless).
-    pub(crate) fn new(
-        hf: &tokenizers::Tokenizer,
-        config: CacheConfig,
-    ) -> (Encoder, Option<String>) {
-        let l0 =
+    /// `hf`'s encoder without caches: its pieces' fast path when it has one (built once, at
+    /// load: it reads the whole vocabulary).
+    pub(crate) fn new(hf: &tokenizers::Tokenizer) -> Encoder {
+        let pieces = SegmentSplitter::new(hf).map(|splitter| Pieces {
+            splitter,
+            l1: None,
+            fast: FastBpe::new(hf),
+        });
+        Encoder { l0: None, pieces }
+    }
+
+    /// Gives it the caches `config` asks for (replacing any it had). `Some`: why L1, asked for,
+    /// cannot be had (this tokenizer's pieces are not independent); L0 works regardless.
+    pub(crate) fn set_caches(&mut self, config: CacheConfig) -> Option<String> {
+        self.l0 =
             (config.l0_max_entries > 0).then(|| Bounded::new(config.l0_max_entries, Cost::Entry));
-        let (pieces, refused) = match SegmentSplitter::new(hf) {
-            Ok(splitter) => {
-                let l1 = (config.l1_max_bytes > 0)
-                    .then(|| Bounded::new(config.l1_max_bytes, Cost::Bytes));
-                let fast = FastBpe::new(hf);
-                let useful = l1.is_some() || fast.is_some();
-                (useful.then_some(Pieces { splitter, l1, fast }), None)
+        let l1 = (config.l1_max_bytes > 0).then(|| Bounded::new(config.l1_max_bytes, Cost::Bytes));
+        match &mut self.pieces {
+            Ok(pieces) => {
+                pieces.l1 = l1;
+                None
             }
-            Err(why) => (None, (config.l1_max_bytes > 0).then_some(why)),
-        };
-        (Encoder { l0, pieces }, refused)
+            Err(why) => l1.map(|_| why.clone()),
+        }
     }
 
     /// Whether encoding goes through the fast path (tests).
     #[cfg(test)]
     pub(crate) fn has_fast_path(&self) -> bool {
-        self.pieces.as_ref().is_some_and(|p| p.fast.is_some())
+        self.pieces.as_ref().is_ok_and(|p| p.fast.is_some())
     }
 
     #[cfg(test)]
     fn has_l1(&self) -> bool {
-        self.pieces.as_ref().is_some_and(|p| p.l1.is_some())
+        self.pieces.as_ref().is_ok_and(|p| p.l1.is_some())
     }
 
     pub(crate) fn encode(
@@ -110,7 +118,9 @@ impl Encoder {
             }
         }
         let ids = match &self.pieces {
-            Some(pieces) if !add_special_tokens => pieces.encode(hf, text)?,
+            Ok(pieces) if !add_special_tokens && (pieces.l1.is_some() || pieces.fast.is_some()) => {
+                pieces.encode(hf, text)?
+            }
             _ => uncached(hf, text, add_special_tokens)?,
         };
         if let Some((l0, key)) = l0_key {
@@ -119,11 +129,13 @@ impl Encoder {
         Ok(ids)
     }
 
+    #[cfg(test)]
     pub(crate) fn stats(&self) -> CacheStats {
         let (l0_hits, l0_misses) = self.l0.as_ref().map_or((0, 0), Bounded::counts);
         let (l1_hits, l1_misses) = self
             .pieces
             .as_ref()
+            .ok()
             .and_then(|p| p.l1.as_ref())
             .map_or((0, 0), Bounded::counts);
         CacheStats {
@@ -264,7 +276,9 @@ struct Bounded {
     shards: Box<[Mutex<Shard>]>,
     budget_per_shard: usize,
     cost: Cost,
+    #[cfg(test)]
     hits: std::sync::atomic::AtomicU64,
+    #[cfg(test)]
     misses: std::sync::atomic::AtomicU64,
 }
 
@@ -289,7 +303,9 @@ impl Bounded {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             budget_per_shard: budget.div_ceil(SHARDS).max(1),
             cost,
+            #[cfg(test)]
             hits: Default::default(),
+            #[cfg(test)]
             misses: Default::default(),
         }
     }
@@ -308,17 +324,20 @@ impl Bounded {
     }
 
     fn get(&self, key: u64, text: &str) -> Option<Arc<[u32]>> {
-        use std::sync::atomic::Ordering::Relaxed;
         let found = self
             .shard(key)
             .map
             .get(&key)
             .filter(|e| &*e.text == text)
             .map(|e| e.ids.clone());
-        match found {
-            Some(_) => self.hits.fetch_add(1, Relaxed),
-            None => self.misses.fetch_add(1, Relaxed),
-        };
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            match found {
+                Some(_) => self.hits.fetch_add(1, Relaxed),
+                None => self.misses.fetch_add(1, Relaxed),
+            };
+        }
         found
     }
 
@@ -350,6 +369,7 @@ impl Bounded {
         }
     }
 
+    #[cfg(test)]
     fn counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (self.hits.load(Relaxed), self.misses.load(Relaxed))

@@ -31,7 +31,7 @@ mod tokenizer;
 
 pub use chat_template::{ChatInput, ChatTemplate, ChatTemplates, ContentFormat};
 pub use detokenize::IncrementalDetokenizer;
-pub use encode_cache::{CacheConfig, CacheStats};
+pub use encode_cache::CacheConfig;
 pub use error::{LoadError, TemplateError, TokenizeError};
 pub use model_dir::ModelSource;
 pub use special_tokens::SpecialTokens;

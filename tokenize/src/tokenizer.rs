@@ -13,7 +13,7 @@ use tokenizers::processors::template::TemplateProcessing;
 
 use crate::byte_level::ByteTable;
 use crate::chat_template::{ChatInput, ChatTemplate, ChatTemplates, ContentFormat};
-use crate::encode_cache::{CacheConfig, CacheStats, Encoder};
+use crate::encode_cache::{CacheConfig, Encoder};
 use crate::error::{LoadError, TemplateError, TokenizeError};
 use crate::model_dir::{ModelFiles, ModelSource};
 use crate::special_tokens::SpecialTokens;
@@ -94,7 +94,7 @@ impl Tokenizer {
         }
 
         let byte_table = ByteTable::build(&inner);
-        let encoder = Encoder::new(&inner, CacheConfig::default()).0;
+        let encoder = Encoder::new(&inner);
         Ok(Self {
             byte_table,
             special_tokens: files.special_tokens,
@@ -109,14 +109,7 @@ impl Tokenizer {
     /// why this tokenizer cannot have the piece cache (L1) — the whole-text cache (L0) is on
     /// regardless, when asked for.
     pub fn set_cache(&mut self, config: CacheConfig) -> Option<String> {
-        let (encoder, refused) = Encoder::new(&self.inner, config);
-        self.encoder = encoder;
-        refused
-    }
-
-    /// The caches' hit and miss counts (zeros without caches).
-    pub fn cache_stats(&self) -> CacheStats {
-        self.encoder.stats()
+        self.encoder.set_caches(config)
     }
 
     /// Loads a model directory (`--model-path DIR`).

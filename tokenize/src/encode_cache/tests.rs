@@ -57,8 +57,15 @@ const BOTH: CacheConfig = CacheConfig {
     l1_max_bytes: 1 << 20,
 };
 
+/// `hf`'s encoder with `config`'s caches, and why L1 was refused if it was.
+fn encoder(hf: &tokenizers::Tokenizer, config: CacheConfig) -> (Encoder, Option<String>) {
+    let mut e = Encoder::new(hf);
+    let refused = e.set_caches(config);
+    (e, refused)
+}
+
 fn cache(hf: &tokenizers::Tokenizer, config: CacheConfig) -> Encoder {
-    match Encoder::new(hf, config) {
+    match encoder(hf, config) {
         (c, None) => c,
         (_, Some(why)) => panic!("L1 refused: {why}"),
     }
@@ -66,7 +73,7 @@ fn cache(hf: &tokenizers::Tokenizer, config: CacheConfig) -> Encoder {
 
 /// Why L1 is refused for `hf` (and the cache built without it).
 fn refused(hf: &tokenizers::Tokenizer) -> (Encoder, String) {
-    match Encoder::new(hf, BOTH) {
+    match encoder(hf, BOTH) {
         (c, Some(why)) => (c, why),
         (_, None) => panic!("L1 was not refused"),
     }
@@ -265,10 +272,10 @@ fn a_hash_collision_is_a_miss_not_a_wrong_answer() {
 #[test]
 fn the_fast_path_is_taken_where_it_applies_even_without_caches() {
     let none = CacheConfig::default();
-    assert!(Encoder::new(chatml(), none).0.has_fast_path());
+    assert!(encoder(chatml(), none).0.has_fast_path());
     // SentencePiece: no byte-level alphabet, the library encodes.
-    assert!(!Encoder::new(sentencepiece(), none).0.has_fast_path());
-    let c = Encoder::new(chatml(), none).0;
+    assert!(!encoder(sentencepiece(), none).0.has_fast_path());
+    let c = encoder(chatml(), none).0;
     let text = "<|im_start|>user\nIt's 2024; what's new?<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(
         c.encode(chatml(), text, false).unwrap(),
