@@ -28,7 +28,8 @@ pub struct Models {
     configured: Option<Arc<Tokenizer>>,
     /// `--model-path`: where the image processor (`preprocessor_config.json`) is read from.
     model_path: Option<PathBuf>,
-    /// Image processors by model directory (`None`: the directory has none), read on first use.
+    /// Image processors by the model path they were asked for (a directory, or a file in it;
+    /// `None`: the directory has none), read on first use.
     vision: Mutex<HashMap<PathBuf, Option<Arc<Vision>>>>,
     /// `--chat-template`, applied to tokenizers loaded from workers' paths too.
     chat_template: Option<PathBuf>,
@@ -140,29 +141,31 @@ impl Models {
         worker_path: impl FnOnce() -> Option<PathBuf>,
     ) -> Result<Option<Arc<Vision>>, String> {
         let reported;
-        let dir = match self.model_path.as_deref() {
-            Some(dir) => dir,
+        let given = match self.model_path.as_deref() {
+            Some(path) => path,
             None => {
                 reported = worker_path();
                 match reported.as_deref() {
-                    Some(dir) => dir,
+                    Some(path) => path,
                     None => return Ok(None),
                 }
             }
         };
-        let dir = if dir.is_file() {
-            dir.parent().unwrap_or(dir)
-        } else {
-            dir
-        };
+        // Looked up by the path as given, so the file system is asked (is it a file?) only the
+        // first time, not on every request with an image.
         if let Some(v) = self
             .vision
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(dir)
+            .get(given)
         {
             return Ok(v.clone());
         }
+        let dir = if given.is_file() {
+            given.parent().unwrap_or(given)
+        } else {
+            given
+        };
         let owned = dir.to_path_buf();
         let loaded = tokio::task::spawn_blocking(move || ImageProcessor::from_model_dir(&owned))
             .await
@@ -194,7 +197,7 @@ impl Models {
             }
         };
         let mut map = self.vision.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(map.entry(dir.to_path_buf()).or_insert(vision).clone())
+        Ok(map.entry(given.to_path_buf()).or_insert(vision).clone())
     }
 
     /// The tokenizer for a request served by a worker that reports `worker_path` (its
