@@ -46,7 +46,7 @@ mod worker_ids;
 
 /// The fixed, seedless hash of ring positions, for other placements that must agree across
 /// restarts and replicas (EPD's encode placement).
-pub(crate) use hash::hash_bytes;
+pub(crate) use hash::FastBuild as FixedHash;
 
 #[cfg(test)]
 mod fixtures;

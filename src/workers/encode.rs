@@ -22,12 +22,13 @@ pub struct EncodePicker {
 }
 
 /// An item's weight on an encoder: the routing policies' fixed, seedless hash
-/// (`policy::hash_bytes`), so every restart and replica places an item on the same encoder.
+/// (`policy::FixedHash`), so every restart and replica places an item on the same encoder.
 fn weight(hash: &[u8; 32], url: &str) -> u64 {
-    let mut key = Vec::with_capacity(hash.len() + url.len());
-    key.extend_from_slice(hash);
-    key.extend_from_slice(url.as_bytes());
-    crate::policy::hash_bytes(&key)
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = crate::policy::FixedHash.build_hasher();
+    h.write(hash);
+    h.write(url.as_bytes());
+    h.finish()
 }
 
 impl EncodePicker {
