@@ -172,8 +172,8 @@ pub async fn attempt(
         };
         let response = tokio::select! {
             // Boxed, as the decode's opening below: short-lived states kept out of the attempt's
-        // future, which lives as long as the stream it relays.
-        r = Box::pin(prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace)) => r,
+            // future, which lives as long as the stream it relays.
+            r = Box::pin(prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace)) => r,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         };
         let response = match response {

@@ -5,8 +5,9 @@
 //! and use [`super::Worker::grpc_channel`].
 //!
 //! Two kinds of channel per worker, because Pingora runs each service on its own tokio runtime
-//! and a tonic channel's connection task lives on the runtime that created it:
-//! - the data plane's, created on first use by a request leg (so on the data-plane runtime);
+//! and a channel's connection task lives on the runtime that created it:
+//! - the data plane's (`legs::grpc::LegChannel`), created on first use by a request leg (so on
+//!   the data-plane runtime);
 //! - one per background service ([`ControlChannels`]), created inside that service, so probes
 //!   and load polls never put I/O on the data plane's reactor and never die with it.
 //!

@@ -19,7 +19,6 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use std::sync::{Arc, OnceLock};
 
-use crate::legs::grpc::LegChannel;
 use pingora::upstreams::peer::HttpPeer;
 use pingora_prometheus::prometheus::IntGauge;
 
@@ -27,6 +26,7 @@ use super::breaker::Breaker;
 use crate::config::{
     label, CircuitBreakerSettings, ConnectionMode, RuntimeType, WorkerSpec, WorkerType,
 };
+use crate::legs::grpc::LegChannel;
 use crate::metrics::METRICS;
 use crate::policy::EngineLoad;
 
@@ -395,11 +395,11 @@ impl Worker {
 
     /// The data plane's gRPC channel to this worker (meaningful only when [`Worker::is_grpc`]):
     /// one HTTP/2 connection, multiplexing every leg, with SMG's settings (the worker's connect
-    /// timeout, keep-alive, adaptive window; `workers::grpc::endpoint`). Cheap to clone.
+    /// timeout, keep-alive, adaptive window; see [`LegChannel`]). Cheap to clone.
     ///
     /// Created lazily, on the first call, not at registration: Pingora runs each service on its
-    /// own tokio runtime, and a tonic channel's connection task lives on the runtime that
-    /// created it. Registration happens on the admin or a background service's runtime; the
+    /// own tokio runtime, and a channel's connection task lives on the runtime that created
+    /// it. Registration happens on the admin or a background service's runtime; the
     /// first request leg runs on the data plane's, which is where the connection must live.
     /// Call it only from the data plane (the background services have their own channels).
     pub fn grpc_channel(&self) -> LegChannel {

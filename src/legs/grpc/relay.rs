@@ -196,17 +196,17 @@ pub async fn relay(
             next
         } else {
             tokio::select! {
-            n = source.next() => n,
-            _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
-            _ = tokio::time::sleep_until(stall.min(deadline)) => {
-                source.worker().record_leg(None);
-                let why = if tokio::time::Instant::now() >= deadline {
-                    "the request ran past request_timeout_secs"
-                } else {
-                    "the decode stream stalled past stream_idle_timeout_secs"
-                };
-                return out.fail(session, ctx, head_sent, ErrorCode::Timeout, why).await;
-            }
+                n = source.next() => n,
+                _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
+                _ = tokio::time::sleep_until(stall.min(deadline)) => {
+                    source.worker().record_leg(None);
+                    let why = if tokio::time::Instant::now() >= deadline {
+                        "the request ran past request_timeout_secs"
+                    } else {
+                        "the decode stream stalled past stream_idle_timeout_secs"
+                    };
+                    return out.fail(session, ctx, head_sent, ErrorCode::Timeout, why).await;
+                }
             }
         };
         match next {
