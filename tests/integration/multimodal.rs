@@ -100,6 +100,17 @@ async fn pair(
     )
 }
 
+/// A vision prefill/decode pair of `kind` on `ips` and a ready gateway on them (`family`'s model).
+async fn pd_fleet(
+    kind: EngineKind,
+    family: VisionFamily,
+    ips: ([u8; 4], [u8; 4]),
+) -> (MockEngine, MockEngine, Gateway) {
+    let (p, d) = pair(kind, family, ips).await;
+    let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
+    (p, d, gw)
+}
+
 /// Two encoders, a prefill and a decode (TokenSpeed, `family`'s tower) on `ip` and the next
 /// three addresses, in that order.
 async fn epd_fleet(
@@ -286,8 +297,7 @@ async fn pd_image_reaches_only_the_prefill(
     ips: ([u8; 4], [u8; 4]),
     tokens: usize,
 ) {
-    let (p, d) = pair(kind, family, ips).await;
-    let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
+    let (p, d, gw) = pd_fleet(kind, family, ips).await;
     let png = image(RED, 56, 56, false);
     let parts = vec![
         image_part(&data_url(&png, "image/png")),
@@ -371,13 +381,12 @@ async fn vllm_qwen2vl_pixels_reach_only_the_prefill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn url_and_inline_images_keep_their_order() {
     let family = VisionFamily::Qwen2Vl;
-    let (p, d) = pair(
+    let (p, d, gw) = pd_fleet(
         EngineKind::TokenSpeed,
         family,
         ([127, 0, 100, 7], [127, 0, 100, 8]),
     )
     .await;
-    let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
     // 112×56 (w×h): grid 1×4×8 → 8 tokens; the JPEG 56×56 → 4.
     let server = MediaServer::start([127, 0, 100, 9], image(BLUE, 112, 56, false), None).await;
     let url = format!("http://127.0.100.9:{}/blue.png", server.port);
@@ -1085,13 +1094,12 @@ async fn epd_client_leaving_cancels_every_leg() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_samples_fan_out_with_pixels_on_each_prefill() {
     let family = VisionFamily::Qwen2Vl;
-    let (p, d) = pair(
+    let (p, d, gw) = pd_fleet(
         EngineKind::TokenSpeed,
         family,
         ([127, 0, 104, 9], [127, 0, 104, 10]),
     )
     .await;
-    let gw = gateway(&[p.worker_spec(), d.worker_spec()], family, "").await;
     let png = image(RED, 56, 56, false);
     let parts = vec![
         image_part(&data_url(&png, "image/png")),
