@@ -161,7 +161,7 @@ async fn drive(
         if let Some((bytes, at)) = stamped.as_mut() {
             stamp(&mut bytes[*at..*at + 8], (task << 20) | (sent & 0xF_FFFF));
             sent = sent.wrapping_add(1);
-            req.bytes = bytes.clone().into();
+            req.bytes = bytes.as_slice().into();
         }
         let start = Instant::now();
         let result = c.send(&req, Keep::default(), spec.timeout).await;
