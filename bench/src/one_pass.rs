@@ -16,24 +16,15 @@ use pdgate_filters::shape::check_shape;
 use pdgate_filters::{classify, scan_object, Route};
 use serde_json::Value;
 
+use crate::procstat::thread_cpu_ns;
+use crate::report::median;
 use crate::workload::chat_body;
-
-/// This thread's CPU time in ns, when `/proc/thread-self/schedstat` exists.
-fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
-}
 
 struct Timing {
     wall_us: Vec<f64>,
     /// The thread's CPU time over all 7 batches, per call (the kernel updates it at ticks and
     /// context switches, so only a long total is precise).
     cpu_us: Option<f64>,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Runs `f` `iters` times per batch, 7 batches (after one warm-up batch); µs per call.
@@ -58,8 +49,8 @@ fn time(iters: u32, mut f: impl FnMut()) -> Timing {
 }
 
 fn report(name: &str, mut t: Timing, bytes: usize) -> f64 {
-    let wall = median(&mut t.wall_us);
-    let min = t.wall_us[0];
+    let min = t.wall_us.iter().copied().fold(f64::INFINITY, f64::min);
+    let wall = median(std::mem::take(&mut t.wall_us)).unwrap_or(f64::NAN);
     let cpu = t
         .cpu_us
         .map_or_else(|| "–".to_string(), |c| format!("{c:.1}"));

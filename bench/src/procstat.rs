@@ -24,6 +24,12 @@ pub fn self_cpu_us() -> Option<u64> {
     cpu_us(std::process::id())
 }
 
+/// CPU time of the calling thread in ns, when `/proc/thread-self/schedstat` exists.
+pub fn thread_cpu_ns() -> Option<u64> {
+    let s = fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
 /// Memory facts from `/proc/<pid>/status`, in KiB.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Memory {

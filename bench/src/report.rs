@@ -137,7 +137,8 @@ fn base_mode(row: &Value) -> &str {
     }
 }
 
-fn median(mut xs: Vec<f64>) -> Option<f64> {
+/// The median (the mean of the two middle values for an even count); `None` when empty.
+pub fn median(mut xs: Vec<f64>) -> Option<f64> {
     if xs.is_empty() {
         return None;
     }
