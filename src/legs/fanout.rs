@@ -21,7 +21,7 @@ use pingora::proxy::Session;
 use super::client::{LegError, LegErrorKind, OpenLeg};
 use super::dispatch::Attempt;
 use super::parallel::{self, open_sample, OpenSample, PdLabels, Rendezvous, SampleLegs};
-use super::prefill::PrefillWatch;
+use super::prefill::PrefillLeg;
 use super::relay;
 use super::request::PdRequest;
 use crate::gateway::Gateway;
@@ -180,8 +180,9 @@ fn failed(handoffs: &[Arc<Handoff>], outcome: Attempt) -> Attempt {
 /// One sample's decode, being relayed.
 struct Live {
     leg: OpenLeg,
-    /// Its prefill, while the decode has produced nothing (then its KV cannot come).
-    watch: Option<PrefillWatch>,
+    /// Its prefill (detached), driven while the decode is; its failure counts while the decode
+    /// has produced nothing (then its KV cannot come).
+    watch: Option<PrefillLeg>,
     logprobs: Option<PrefillLogprobs>,
     splitter: SseSplitter,
     saw_done: bool,
@@ -191,12 +192,13 @@ struct Live {
 impl Live {
     /// Lets the sample's prefill drain on its own and takes its decode for the relay.
     fn new(o: OpenSample, stall: std::time::Duration) -> Live {
-        o.prefill.detach();
+        let mut prefill = o.prefill;
+        prefill.detach();
         let mut leg = o.decode;
         leg.set_read_timeout(Some(stall));
         Live {
             leg,
-            watch: Some(o.watch),
+            watch: Some(prefill),
             logprobs: o.logprobs.flatten(),
             splitter: SseSplitter::new(),
             saw_done: false,
@@ -509,7 +511,9 @@ impl Run<'_> {
         if ctx.ttft.is_none() {
             ctx.ttft = Some(self.dispatched.elapsed());
         }
-        live.watch = None;
+        if let Some(w) = live.watch.as_mut() {
+            w.mute();
+        }
         if session.write_response_body(Some(out), false).await.is_err() {
             return Some(Attempt::ClientGone);
         }

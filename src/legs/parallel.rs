@@ -18,7 +18,7 @@ use pingora::proxy::Session;
 use super::client::{LegError, LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
 use super::handoff::KvVerdict;
-use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg, PrefillWatch};
+use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg};
 use super::relay::{relay_decode, RelayPlan};
 use super::request::{ForwardHeaders, PdRequest};
 use crate::gateway::Gateway;
@@ -217,14 +217,15 @@ pub async fn attempt(
     };
     let OpenSample {
         decode,
-        prefill,
-        watch: prefill_watch,
+        mut prefill,
         logprobs: merge_source,
         _decode_in_flight,
     } = match opened {
         Ok(open) => open,
         Err(reply) => return Attempt::Refused(reply),
     };
+    // The relay drives the prefill to its end; if the relay ends first, the prefill finishes
+    // on its own.
     prefill.detach();
 
     let plan = RelayPlan {
@@ -235,7 +236,7 @@ pub async fn attempt(
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
-        prefill_watch: Some(prefill_watch),
+        prefill: Some(prefill),
         read_cache_report: false,
     };
     relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
@@ -253,12 +254,11 @@ pub struct SampleLegs {
 }
 
 /// One rendezvous whose legs both answered 2xx: the decode to relay, the prefill (still held:
-/// dropping it cancels it, [`PrefillLeg::detach`] lets it drain), a watch on the prefill's
-/// failure, and — when the client asked for logprobs — the prefill's prompt rows.
+/// dropping it cancels it, [`PrefillLeg::detach`] lets it drain; whoever holds it drives it and
+/// watches it fail), and — when the client asked for logprobs — the prefill's prompt rows.
 pub struct OpenSample {
     pub decode: OpenLeg,
     pub prefill: PrefillLeg,
-    pub watch: PrefillWatch,
     pub logprobs: Option<Option<PrefillLogprobs>>,
     /// The decode counted in flight for as long as its answer is relayed.
     pub _decode_in_flight: InFlight,
@@ -276,7 +276,7 @@ pub async fn open_sample(
     legs: SampleLegs,
 ) -> Result<OpenSample, Reply> {
     let s = gw.settings();
-    let mut prefill = PrefillLeg::spawn(PrefillJob {
+    let mut prefill = PrefillLeg::new(PrefillJob {
         client: gw.client.clone(),
         worker: pair.prefill.clone(),
         path: pair.prefill.address.path_for(req.route.upstream_path()),
@@ -308,7 +308,6 @@ pub async fn open_sample(
                     }
                 }
                 PrefillEnd::Failed(_) => worker.record_leg(None),
-                PrefillEnd::Cancelled => {}
             })
         },
     });
@@ -339,12 +338,14 @@ pub async fn open_sample(
         &mut decode_trace,
     ));
 
-    // Both heads, first failure wins.
-    let mut prefill_watch = prefill.watch();
+    // Both heads, first failure wins. Biased, the decode first: an in-task prefill is then
+    // sent right after it, the order a prefill in its own task gets (it runs once this task
+    // yields); A/B at c=1 slightly favoured it over prefill first.
     let mut decode: Option<OpenLeg> = None;
     let mut prefill_ok = false;
     while decode.is_none() || !prefill_ok {
         tokio::select! {
+            biased;
             d = &mut decode_open, if decode.is_none() => match d {
                 Err(e) => {
                     pair.decode.record_leg(None);
@@ -357,16 +358,15 @@ pub async fn open_sample(
                 }
                 Ok(leg) => decode = Some(leg),
             },
-            p = prefill.head(), if !prefill_ok => match p {
-                Err(e) => return Err(transport_refusal("prefill", &e)),
-                Ok(head) if !(200..300).contains(&head.status) => {
+            p = prefill_step(&mut prefill, prefill_ok) => match p {
+                // It failed after its 2xx head: the decode waits for KV that will not come.
+                None => return Err(prefill_failed_after_head()),
+                Some(Err(e)) => return Err(transport_refusal("prefill", &e)),
+                Some(Ok(head)) if !(200..300).contains(&head.status) => {
                     return Err(prefill_refusal(&head));
                 }
-                Ok(_) => prefill_ok = true,
+                Some(Ok(_)) => prefill_ok = true,
             },
-            _ = prefill_watch.failed(), if prefill_ok => {
-                return Err(prefill_failed_after_head());
-            }
         }
     }
     // Free what the stream does not need (the open's state, the leg body) before relaying it.
@@ -384,10 +384,22 @@ pub async fn open_sample(
     Ok(OpenSample {
         decode,
         prefill,
-        watch: prefill_watch,
         logprobs,
         _decode_in_flight: decode_in_flight,
     })
+}
+
+/// Drives the prefill: its head while `head_taken` is false, then (`None`) its failure.
+async fn prefill_step(
+    prefill: &mut PrefillLeg,
+    head_taken: bool,
+) -> Option<Result<PrefillHead, LegError>> {
+    if head_taken {
+        prefill.failed().await;
+        None
+    } else {
+        Some(prefill.head().await)
+    }
 }
 
 /// The refusal when a prefill failed after its 2xx head (before the decode produced anything).

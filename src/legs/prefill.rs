@@ -1,12 +1,24 @@
-//! The prefill leg of a parallel (SGLang) dispatch, run as its own task so it can outlive the
-//! request's decision points: it reports its response head, then drains its body in the
-//! background — closing it early would abort the KV transfer the decode is waiting for.
+//! The prefill leg of a parallel (SGLang) dispatch. It reports its response head, then drains
+//! its body — closing it early would abort the KV transfer the decode is waiting for — so it
+//! must be allowed to outlive the request's decision points.
 //!
-//! Ownership of the leg's fate: while the handle is held, dropping it cancels the leg (its
-//! connection closes and the engine aborts the room). [`PrefillLeg::detach`] lets it run to the
-//! end of its body on its own deadline.
+//! Where it runs ([`Placement`]): under load, inside the request's own task, polled by whoever
+//! holds it (no task of its own, no wake-up across threads: every worker is busy anyway); when
+//! fewer prefill legs are in flight than the runtime has workers, in a task of its own, so an
+//! idle worker sends and reads it beside the decode leg (measured in bench/README.md, "The
+//! prefill leg's task").
+//!
+//! Ownership of the leg's fate: dropping the handle cancels the leg (its connection closes and
+//! the engine aborts the room), unless [`PrefillLeg::detach`] was called; a detached leg that
+//! has not ended when its handle is dropped goes on in a task of its own, to the end of its
+//! body on its own deadline. Whoever holds the leg drives it by awaiting [`PrefillLeg::head`],
+//! [`PrefillLeg::body`] or [`PrefillLeg::failed`].
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -30,18 +42,17 @@ pub struct PrefillHead {
     pub is_sse: bool,
 }
 
-/// How the leg ended, for accounting (health of the prefill worker, prefill duration).
+/// How the leg ended, for accounting (health of the prefill worker, prefill duration). A leg
+/// the gateway dropped before it ended reports nothing.
 #[derive(Debug, Clone)]
 pub enum PrefillEnd {
     /// Body read to the end with this status.
     Completed { status: u16, duration: Duration },
     /// Transport or timeout failure.
     Failed(LegError),
-    /// Dropped by the gateway before it ended (another leg failed, the client left).
-    Cancelled,
 }
 
-/// What the task needs to run the leg.
+/// What the leg needs to run.
 pub struct PrefillJob {
     pub client: Arc<LegClient>,
     pub worker: Arc<Worker>,
@@ -64,92 +75,201 @@ pub struct PrefillJob {
     pub on_end: Box<dyn FnOnce(PrefillEnd) + Send>,
 }
 
-pub struct PrefillLeg {
-    head: Option<oneshot::Receiver<Result<PrefillHead, LegError>>>,
-    body: Option<oneshot::Receiver<Result<Bytes, LegError>>>,
-    end: Option<oneshot::Receiver<bool>>,
-    /// Sending `()` detaches; dropping the sender cancels.
-    control: Option<oneshot::Sender<()>>,
+/// Prefill legs in flight, gateway-wide (see [`Placement`]).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a leg in [`IN_FLIGHT`] until it ends or is dropped.
+struct Counted;
+
+impl Counted {
+    /// Counts one more leg; gives how many were in flight before it.
+    fn enter() -> (Counted, usize) {
+        (Counted, IN_FLIGHT.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
-/// Watches a prefill leg for failure after its head: resolves only if the leg ends badly
-/// (transport error, stall, timeout). A prefill that completes never wakes it.
-pub struct PrefillWatch {
-    end: Option<oneshot::Receiver<bool>>,
+impl Drop for Counted {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
-impl PrefillWatch {
-    /// Cancel-safe: can be polled again after a `select!`.
-    pub async fn failed(&mut self) {
-        let Some(rx) = self.end.as_mut() else {
-            return std::future::pending().await;
-        };
-        let ok = rx.await.unwrap_or(false);
-        self.end = None;
-        if ok {
-            std::future::pending::<()>().await;
+/// Where a prefill leg runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Polled by whoever holds the leg, in the request's task.
+    InTask,
+    /// Its own task, which an idle worker picks up.
+    OwnTask,
+}
+
+impl Placement {
+    /// Its own task while fewer legs than workers are in flight (counting this one): then a
+    /// worker is likely idle and sending and reading the prefill there shortens the request
+    /// (c=1). Otherwise every worker is busy and a task of its own only adds a hop.
+    fn choose(before: usize) -> Placement {
+        let workers = tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_workers())
+            .unwrap_or(1);
+        if before + 1 < workers {
+            Placement::OwnTask
+        } else {
+            Placement::InTask
         }
     }
 }
 
+type Run = Pin<Box<dyn Future<Output = bool> + Send>>;
+
+/// The leg itself, wherever it runs.
+enum Running {
+    Here(Run),
+    /// Its own task: dropped undetached, the task is aborted.
+    There(tokio::task::JoinHandle<bool>),
+}
+
+pub struct PrefillLeg {
+    /// The leg itself; `None` once it ended.
+    run: Option<Running>,
+    head: Option<oneshot::Receiver<Result<PrefillHead, LegError>>>,
+    body: Option<oneshot::Receiver<Result<Bytes, LegError>>>,
+    /// How it ended, once it has: true when a 2xx body was read to the end.
+    ended: Option<bool>,
+    /// Dropping the handle lets the leg finish on its own instead of cancelling it.
+    detached: bool,
+    /// A failure after the head is no longer reported (the decode produced output).
+    muted: bool,
+}
+
 impl PrefillLeg {
-    /// Dispatches the leg now (it runs concurrently with the caller).
-    pub fn spawn(job: PrefillJob) -> PrefillLeg {
+    /// Dispatches the leg: now when it gets a task of its own, else on the first poll of
+    /// [`PrefillLeg::head`].
+    pub fn new(job: PrefillJob) -> PrefillLeg {
+        let (counted, before) = Counted::enter();
+        PrefillLeg::placed(job, counted, Placement::choose(before))
+    }
+
+    fn placed(job: PrefillJob, counted: Counted, placement: Placement) -> PrefillLeg {
         let (head_tx, head_rx) = oneshot::channel();
-        let (body_tx, body_rx) = oneshot::channel();
-        let (control_tx, control_rx) = oneshot::channel();
-        let (end_tx, end_rx) = oneshot::channel();
         let keep = job.keep_body;
-        tokio::spawn(async move {
-            let ok = run(job, head_tx, body_tx, control_rx).await;
-            let _ = end_tx.send(ok);
+        let (body_tx, body_rx) = if keep {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let leg = Box::pin(async move {
+            let _counted = counted;
+            run(job, head_tx, body_tx).await
         });
+        let run = match placement {
+            Placement::InTask => Running::Here(leg),
+            Placement::OwnTask => Running::There(tokio::spawn(leg)),
+        };
         PrefillLeg {
+            run: Some(run),
             head: Some(head_rx),
-            body: keep.then_some(body_rx),
-            end: Some(end_rx),
-            control: Some(control_tx),
+            body: body_rx,
+            ended: None,
+            detached: false,
+            muted: false,
+        }
+    }
+
+    /// Moves the leg on as far as it can go now.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        let polled = match self.run.as_mut() {
+            None => return,
+            Some(Running::Here(run)) => run.as_mut().poll(cx),
+            // A task that panicked or was aborted did not complete.
+            Some(Running::There(task)) => Pin::new(task).poll(cx).map(|r| r.unwrap_or(false)),
+        };
+        if let Poll::Ready(ok) = polled {
+            self.ended = Some(ok);
+            self.run = None;
         }
     }
 
     /// Waits for the response head (cancel-safe: can be polled again after a `select!`).
     pub async fn head(&mut self) -> Result<PrefillHead, LegError> {
-        let rx = match self.head.as_mut() {
-            Some(rx) => rx,
-            None => return Err(task_gone()),
-        };
-        let r = rx.await.unwrap_or_else(|_| Err(task_gone()));
-        self.head = None;
-        r
+        std::future::poll_fn(|cx| {
+            self.drive(cx);
+            poll_slot(&mut self.head, cx)
+        })
+        .await
     }
 
-    /// Waits for the kept 2xx body (only when spawned with `keep_body`).
+    /// Waits for the kept 2xx body (only when made with `keep_body`).
     pub async fn body(&mut self) -> Result<Bytes, LegError> {
-        let rx = match self.body.as_mut() {
-            Some(rx) => rx,
-            None => return Err(task_gone()),
-        };
-        let r = rx.await.unwrap_or_else(|_| Err(task_gone()));
-        self.body = None;
-        r
+        std::future::poll_fn(|cx| {
+            self.drive(cx);
+            poll_slot(&mut self.body, cx)
+        })
+        .await
     }
 
-    /// Takes the failure watch of the leg (once).
-    pub fn watch(&mut self) -> PrefillWatch {
-        PrefillWatch {
-            end: self.end.take(),
-        }
+    /// Drives the leg after its head; resolves only if it ends badly (transport error, stall,
+    /// timeout) while not muted. A prefill that completes never wakes it. Cancel-safe.
+    pub async fn failed(&mut self) {
+        std::future::poll_fn(|cx| {
+            self.drive(cx);
+            match self.ended {
+                Some(false) if !self.muted => Poll::Ready(()),
+                _ => Poll::Pending,
+            }
+        })
+        .await
     }
 
-    /// Lets the leg drain to its end on its own; the handle no longer cancels it.
-    pub fn detach(mut self) {
-        if let Some(c) = self.control.take() {
-            let _ = c.send(());
+    /// Failures after this are not reported by [`PrefillLeg::failed`] (which still drives the
+    /// leg to its end).
+    pub fn mute(&mut self) {
+        self.muted = true;
+    }
+
+    /// Lets the leg drain to its end on its own when the handle is dropped: dropping it no
+    /// longer cancels it.
+    pub fn detach(&mut self) {
+        self.detached = true;
+    }
+}
+
+impl Drop for PrefillLeg {
+    fn drop(&mut self) {
+        match (self.run.take(), self.detached) {
+            (None, _) => {}
+            // Detached: it finishes on its own (a task of its own from here).
+            (Some(Running::Here(run)), true) => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(run);
+                }
+            }
+            (Some(Running::There(_)), true) => {}
+            // Held: dropping it cancels it (dropping the future closes its connection).
+            (Some(Running::Here(_)), false) => {}
+            (Some(Running::There(task)), false) => task.abort(),
         }
     }
 }
 
-fn task_gone() -> LegError {
+/// Polls a result slot of the leg; a slot already taken, or whose sender is gone, is an error.
+fn poll_slot<T>(
+    slot: &mut Option<oneshot::Receiver<Result<T, LegError>>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<T, LegError>> {
+    let Some(rx) = slot.as_mut() else {
+        return Poll::Ready(Err(leg_gone()));
+    };
+    match Pin::new(rx).poll(cx) {
+        Poll::Ready(r) => {
+            *slot = None;
+            Poll::Ready(r.unwrap_or_else(|_| Err(leg_gone())))
+        }
+        Poll::Pending => Poll::Pending,
+    }
+}
+
+fn leg_gone() -> LegError {
     LegError {
         kind: LegErrorKind::Body,
         detail: "prefill leg ended".into(),
@@ -163,8 +283,7 @@ const DRAIN_READ_MAX: usize = 4 * 1024;
 async fn run(
     job: PrefillJob,
     head_tx: oneshot::Sender<Result<PrefillHead, LegError>>,
-    body_tx: oneshot::Sender<Result<Bytes, LegError>>,
-    mut control: oneshot::Receiver<()>,
+    body_tx: Option<oneshot::Sender<Result<Bytes, LegError>>>,
 ) -> bool {
     let _in_flight = job.worker.track(job.keyed);
     let started = Instant::now();
@@ -176,19 +295,11 @@ async fn run(
         headers,
         body: job.body.clone(),
     };
-    let mut detached = false;
     let mut trace = job.trace;
-    let opened = tokio::select! {
-        r = job.client.open_traced(&job.worker.peer, &req, job.head_timeout, &mut trace) => r,
-        c = &mut control => {
-            if c.is_err() {
-                (job.on_end)(PrefillEnd::Cancelled);
-                return false;
-            }
-            detached = true;
-            job.client.open_traced(&job.worker.peer, &req, job.head_timeout, &mut trace).await
-        }
-    };
+    let opened = job
+        .client
+        .open_traced(&job.worker.peer, &req, job.head_timeout, &mut trace)
+        .await;
     let mut leg = match opened {
         Ok(leg) => leg,
         Err(e) => {
@@ -222,52 +333,271 @@ async fn run(
         is_sse,
     }));
 
-    let mut kept = job.keep_body.then(BytesMut::new);
+    let mut kept = body_tx.is_some().then(BytesMut::new);
     if kept.is_none() {
         // Drained to be discarded: small reads keep the buffer small (a real prefill answers a
         // token or two; a large body would be read in more, smaller bites).
         leg.set_max_read(DRAIN_READ_MAX);
     }
     loop {
-        tokio::select! {
-            c = &mut control, if !detached => {
-                if c.is_err() {
-                    (job.on_end)(PrefillEnd::Cancelled);
-                    return false;
-                }
-                detached = true;
-            }
-            chunk = leg.next_chunk() => match chunk {
-                Ok(Some(c)) => {
-                    if let Some(buf) = kept.as_mut() {
-                        if buf.len() + c.len() <= job.body_limit {
-                            buf.extend_from_slice(&c);
-                        } else {
-                            // Too big to merge: keep draining, deliver nothing.
-                            kept = None;
-                        }
+        match leg.next_chunk().await {
+            Ok(Some(c)) => {
+                if let Some(buf) = kept.as_mut() {
+                    if buf.len() + c.len() <= job.body_limit {
+                        buf.extend_from_slice(&c);
+                    } else {
+                        // Too big to merge: keep draining, deliver nothing.
+                        kept = None;
                     }
                 }
-                Ok(None) => break,
-                Err(e) => {
-                    let _ = body_tx.send(Err(e.clone()));
-                    (job.on_end)(PrefillEnd::Failed(e));
-                    return false;
+            }
+            Ok(None) => break,
+            Err(e) => {
+                if let Some(tx) = body_tx {
+                    let _ = tx.send(Err(e.clone()));
                 }
+                (job.on_end)(PrefillEnd::Failed(e));
+                return false;
             }
         }
     }
-    let _ = body_tx.send(match kept {
-        Some(b) => Ok(b.freeze()),
-        None => Err(LegError {
-            kind: LegErrorKind::TooLarge,
-            detail: "prefill body not kept".into(),
-        }),
-    });
+    if let Some(tx) = body_tx {
+        let _ = tx.send(match kept {
+            Some(b) => Ok(b.freeze()),
+            None => Err(LegError {
+                kind: LegErrorKind::TooLarge,
+                detail: "prefill body not kept".into(),
+            }),
+        });
+    }
     job.client.release(leg, &job.worker.peer).await;
     (job.on_end)(PrefillEnd::Completed {
         status,
         duration: started.elapsed(),
     });
     true
+}
+
+#[cfg(test)]
+mod tests {
+    //! Both placements, against a scripted engine on loopback: the leg's fate (held, detached,
+    //! muted) must not depend on where it runs.
+
+    use super::*;
+    use crate::config::{WorkerSpec, WorkerType};
+    use crate::ledger::{Kind, Ledger};
+    use crate::workers::worker::{Origin, WorkerDefaults};
+    use crate::workers::WorkerAddress;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    const PLACEMENTS: [Placement; 2] = [Placement::InTask, Placement::OwnTask];
+    const HEAD: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n";
+
+    /// What the engine does after its head and the first half of a 10-byte body.
+    #[derive(Clone, Copy)]
+    enum Then {
+        /// Sends the rest when the test says so.
+        Finish,
+        /// Closes the connection, the body cut short.
+        Break,
+    }
+
+    /// What the engine saw.
+    #[derive(Debug, PartialEq)]
+    enum Saw {
+        /// The gateway closed the connection before the body was sent.
+        Closed,
+        /// The whole body went out.
+        Sent,
+    }
+
+    /// A one-request engine: reads a request, answers per `then`, reports what it saw.
+    async fn engine(then: Then) -> (String, mpsc::Sender<()>, mpsc::Receiver<Saw>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (go_tx, mut go_rx) = mpsc::channel::<()>(1);
+        let (saw_tx, saw_rx) = mpsc::channel(1);
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The request: its head and its 4-byte body.
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") || !req.ends_with(b"body") {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request was cut short");
+                req.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(HEAD).await.unwrap();
+            s.write_all(b"01234").await.unwrap();
+            let saw = match then {
+                Then::Break => {
+                    drop(s);
+                    return;
+                }
+                Then::Finish => tokio::select! {
+                    _ = go_rx.recv() => {
+                        s.write_all(b"56789").await.unwrap();
+                        Saw::Sent
+                    }
+                    n = s.read(&mut buf) => {
+                        assert_eq!(n.unwrap(), 0, "unexpected bytes from the gateway");
+                        Saw::Closed
+                    }
+                },
+            };
+            let _ = saw_tx.send(saw).await;
+            // Hold the connection until the gateway is done with it.
+            let _ = s.read(&mut buf).await;
+        });
+        (url, go_tx, saw_rx)
+    }
+
+    struct Leg {
+        leg: PrefillLeg,
+        worker: Arc<Worker>,
+        ended: mpsc::UnboundedReceiver<PrefillEnd>,
+    }
+
+    fn leg(url: &str, placement: Placement, keep_body: bool) -> Leg {
+        let address = WorkerAddress::parse(url).unwrap();
+        let socket = address.authority.parse().unwrap();
+        let defaults = WorkerDefaults::from_config(&crate::config::GatewayConfig::default());
+        let worker = Worker::new(
+            "p".into(),
+            WorkerSpec::new(url, WorkerType::Prefill),
+            address,
+            socket,
+            &defaults,
+            Origin::Config,
+        );
+        let (end_tx, ended) = mpsc::unbounded_channel();
+        let job = PrefillJob {
+            client: Arc::new(LegClient::new(4, None)),
+            worker: worker.clone(),
+            path: "/generate".into(),
+            body: Bytes::from_static(b"body"),
+            headers: ForwardHeaders::default(),
+            trace: None,
+            handoff: Ledger::new().open(Kind::Room, 1, "r", url, url),
+            keyed: false,
+            keep_body,
+            body_limit: 1024,
+            head_timeout: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(30),
+            on_end: Box::new(move |end| {
+                let _ = end_tx.send(end);
+            }),
+        };
+        let (counted, _) = Counted::enter();
+        Leg {
+            leg: PrefillLeg::placed(job, counted, placement),
+            worker,
+            ended,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_detached_leg_dropped_mid_body_reads_it_to_the_end() {
+        for placement in PLACEMENTS {
+            let (url, go, mut saw) = engine(Then::Finish).await;
+            let Leg {
+                mut leg,
+                worker,
+                mut ended,
+            } = leg(&url, placement, false);
+            assert_eq!(leg.head().await.unwrap().status, 200, "{placement:?}");
+            leg.detach();
+            drop(leg);
+            go.send(()).await.unwrap();
+            assert_eq!(saw.recv().await, Some(Saw::Sent), "{placement:?}");
+            let end = ended.recv().await.expect("the leg reports its end");
+            assert!(
+                matches!(end, PrefillEnd::Completed { status: 200, .. }),
+                "{placement:?}: {end:?}"
+            );
+            assert_eq!(worker.in_flight(), 0, "{placement:?}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_leg_dropped_mid_body_is_cancelled_and_its_connection_closed() {
+        for placement in PLACEMENTS {
+            let (url, _go, mut saw) = engine(Then::Finish).await;
+            let Leg {
+                mut leg,
+                worker,
+                mut ended,
+            } = leg(&url, placement, false);
+            assert_eq!(leg.head().await.unwrap().status, 200, "{placement:?}");
+            drop(leg);
+            assert_eq!(saw.recv().await, Some(Saw::Closed), "{placement:?}");
+            // Cancelled: nothing is reported (the closure is dropped with the leg).
+            assert!(ended.recv().await.is_none(), "{placement:?}");
+            assert_eq!(worker.in_flight(), 0, "{placement:?}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leg_that_breaks_after_its_head_is_reported_failed_unless_muted() {
+        for placement in PLACEMENTS {
+            for muted in [false, true] {
+                let (url, _go, _saw) = engine(Then::Break).await;
+                let Leg {
+                    mut leg, mut ended, ..
+                } = leg(&url, placement, false);
+                assert_eq!(leg.head().await.unwrap().status, 200, "{placement:?}");
+                if muted {
+                    leg.mute();
+                }
+                let end = tokio::select! {
+                    _ = leg.failed() => {
+                        assert!(!muted, "{placement:?}: a muted leg reported its failure");
+                        ended.recv().await
+                    }
+                    // A muted leg is still driven to its end, which it reports.
+                    end = ended.recv(), if muted => end,
+                };
+                assert!(
+                    matches!(end, Some(PrefillEnd::Failed(_))),
+                    "{placement:?} muted={muted}: {end:?}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_body_is_delivered_whole() {
+        for placement in PLACEMENTS {
+            let (url, go, _saw) = engine(Then::Finish).await;
+            let Leg { mut leg, .. } = leg(&url, placement, true);
+            assert_eq!(leg.head().await.unwrap().status, 200, "{placement:?}");
+            go.send(()).await.unwrap();
+            assert_eq!(
+                &leg.body().await.unwrap()[..],
+                b"0123456789",
+                "{placement:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_leg_gets_its_own_task_only_while_a_worker_is_free() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            assert_eq!(Placement::choose(0), Placement::OwnTask);
+            assert_eq!(Placement::choose(2), Placement::OwnTask);
+            assert_eq!(Placement::choose(3), Placement::InTask);
+            assert_eq!(Placement::choose(64), Placement::InTask);
+        });
+        let one = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        one.block_on(async { assert_eq!(Placement::choose(0), Placement::InTask) });
+    }
 }

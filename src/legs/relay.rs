@@ -13,7 +13,7 @@ use pingora::proxy::Session;
 use super::client::{LegError, LegErrorKind, OpenLeg};
 use super::dispatch::Attempt;
 use super::parallel::PdLabels;
-use super::prefill::PrefillWatch;
+use super::prefill::PrefillLeg;
 use crate::gateway::Gateway;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
@@ -69,9 +69,10 @@ pub struct RelayPlan<'a> {
     pub stall_timeout: Duration,
     /// The request's total deadline (`request_timeout_secs`), streams included.
     pub deadline: Instant,
-    /// A parallel prefill still draining: if it fails before the decode produced output, the
-    /// decode cannot get its KV and the request ends with an error.
-    pub prefill_watch: Option<PrefillWatch>,
+    /// A parallel prefill still draining (detached), driven by the relay: if it fails before
+    /// the decode produced output, the decode cannot get its KV and the request ends with an
+    /// error.
+    pub prefill: Option<PrefillLeg>,
     /// Read the answer's cached-token report into `ctx.kv_verdict` (vLLM decodes: their
     /// `cached_tokens` count the KV the connector loaded; SGLang's do not).
     pub read_cache_report: bool,
@@ -162,7 +163,7 @@ pub async fn relay(
     let mut done = DoneDetector::new();
     let mut saw_done = false;
     let deadline = tokio::time::Instant::from_std(plan.deadline);
-    let mut watch = plan.prefill_watch.take();
+    let mut watch = plan.prefill.take();
     loop {
         let next = tokio::select! {
             c = leg.next_chunk() => c,
@@ -214,8 +215,11 @@ pub async fn relay(
         }
         if ctx.ttft.is_none() {
             ctx.ttft = Some(plan.dispatched.elapsed());
-            // Output means the KV arrived: the prefill's fate no longer matters.
-            watch = None;
+            // Output means the KV arrived: the prefill's fate no longer matters (it is still
+            // driven to its end).
+            if let Some(w) = watch.as_mut() {
+                w.mute();
+            }
         }
         if session.write_response_body(Some(out), false).await.is_err() {
             return (RelayEnd::ClientGone, None);
@@ -268,8 +272,8 @@ pub async fn end_stream_with_error(
     RelayEnd::StreamError(message)
 }
 
-/// Resolves when the watched prefill failed; never when there is nothing to watch.
-pub async fn prefill_failed(watch: &mut Option<PrefillWatch>) {
+/// Drives the held prefill; resolves when it failed unmuted, never when there is none.
+pub async fn prefill_failed(watch: &mut Option<PrefillLeg>) {
     match watch {
         Some(w) => w.failed().await,
         None => std::future::pending().await,
@@ -303,7 +307,7 @@ async fn relay_whole(
     status: u16,
 ) -> (RelayEnd, Option<OpenLeg>) {
     let deadline = tokio::time::Instant::from_std(plan.deadline);
-    let mut watch = plan.prefill_watch.take();
+    let mut watch = plan.prefill.take();
     let body = tokio::select! {
         b = leg.read_to_end(plan.body_limit) => b,
         _ = session.read_body_or_idle(true) => return (RelayEnd::ClientGone, None),

@@ -366,7 +366,7 @@ pub(crate) async fn finish(
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
-        prefill_watch: None,
+        prefill: None,
         read_cache_report: true,
     };
     relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
