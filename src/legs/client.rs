@@ -287,6 +287,7 @@ async fn exchange(
             stream,
             status: head.status.as_u16(),
             head,
+            more_waiting: buf.len() == buf.capacity(),
             buf,
             read_size: READ_START,
             read_max: READ_MAX,
@@ -459,6 +460,8 @@ pub struct OpenLeg {
     framing: Framing,
     keepalive: bool,
     read_timeout: Option<Duration>,
+    /// The last read filled the buffer: more bytes may already be waiting in the socket.
+    more_waiting: bool,
     /// The leg's span when the request is traced; it ends when the leg is dropped or released.
     trace: LegTrace,
 }
@@ -528,6 +531,7 @@ impl OpenLeg {
             if self.decoder.is_done() {
                 return Ok(None);
             }
+            self.take_waiting()?;
             let out = self
                 .decoder
                 .decode(&mut self.buf)
@@ -546,6 +550,7 @@ impl OpenLeg {
             }
             let room = self.buf.capacity() - self.buf.len();
             let n = self.fill().await?;
+            self.more_waiting = n == room;
             if n == room {
                 self.read_size = (self.read_size * 2).min(self.read_max);
             }
@@ -555,6 +560,32 @@ impl OpenLeg {
                     .map_err(|e| LegError::new(LegErrorKind::Body, e))?;
             }
         }
+    }
+
+    /// After a read that filled the buffer, reads what already waits in the socket, without
+    /// waiting for more (up to the largest read): an engine's burst then goes on as one piece,
+    /// one client write, instead of one per read. Nothing is held back for bytes that have not
+    /// arrived.
+    fn take_waiting(&mut self) -> Result<(), LegError> {
+        use futures::FutureExt;
+        while self.more_waiting && self.buf.len() < self.read_max {
+            if self.buf.capacity() - self.buf.len() < self.read_size / 2 {
+                self.buf.reserve(self.read_size);
+            }
+            let room = self.buf.capacity() - self.buf.len();
+            match self.stream.read_buf(&mut self.buf).now_or_never() {
+                Some(Ok(n)) => {
+                    self.more_waiting = n == room;
+                    if n == room {
+                        self.read_size = (self.read_size * 2).min(self.read_max);
+                    }
+                }
+                Some(Err(e)) => return Err(LegError::new(LegErrorKind::Body, e)),
+                // Nothing more yet (an end of stream is seen again by the next read).
+                None => self.more_waiting = false,
+            }
+        }
+        Ok(())
     }
 
     /// One read into the buffer's spare room, within the stall deadline.
@@ -749,5 +780,114 @@ mod tests {
             };
             assert!(RequestWire::encode(&r).is_err());
         }
+    }
+
+    /// A scripted engine: answers one request with `first`, then `rest` once told to.
+    async fn engine(first: Vec<u8>, rest: Vec<u8>) -> (HttpPeer, tokio::sync::mpsc::Sender<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = HttpPeer::new(listener.local_addr().unwrap(), false, String::new());
+        let (go_tx, mut go_rx) = tokio::sync::mpsc::channel::<()>(1);
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                req.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(&first).await.unwrap();
+            if go_rx.recv().await.is_some() {
+                s.write_all(&rest).await.unwrap();
+            }
+            let _ = s.read(&mut buf).await;
+        });
+        (peer, go_tx)
+    }
+
+    fn chunked(events: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in events {
+            out.extend_from_slice(format!("{:x}\r\n", e.len()).as_bytes());
+            out.extend_from_slice(e);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    const SSE_HEAD: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    fn get() -> LegRequest<'static> {
+        LegRequest {
+            method: "GET",
+            path: "/s",
+            host: "h:1",
+            headers: &[],
+            body: Bytes::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_burst_already_in_the_socket_is_handed_on_as_one_piece() {
+        // 40 events of 200 bytes, well past the first 1 KB read, all written at once.
+        let events: Vec<Vec<u8>> = (0..40)
+            .map(|i| format!("data: {i:0>192}\n\n").into_bytes())
+            .collect();
+        let body = chunked(&events);
+        let mut first = SSE_HEAD.to_vec();
+        first.extend_from_slice(&body);
+        first.extend_from_slice(b"0\r\n\r\n");
+        let (peer, _go) = engine(first, Vec::new()).await;
+        let client = LegClient::new(1, None);
+        let mut leg = client
+            .open(&peer, &get(), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let want: Vec<u8> = events.concat();
+        // The engine's one write may reach us in more than one segment: whatever had arrived
+        // goes on whole, so a handful of pieces at most, never one per 1 KB read.
+        let mut got = Vec::new();
+        let mut pieces = 0;
+        while let Some(p) = leg.next_chunk().await.unwrap() {
+            got.extend_from_slice(&p);
+            pieces += 1;
+        }
+        assert_eq!(got, want);
+        assert!(
+            pieces <= 2,
+            "{pieces} pieces for one burst of {} bytes",
+            want.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn what_has_arrived_goes_on_without_waiting_for_more() {
+        // The head's read fills the first buffer; the rest of the stream comes only later.
+        let early: Vec<Vec<u8>> = (0..8)
+            .map(|i| format!("data: {i:0>192}\n\n").into_bytes())
+            .collect();
+        let late = vec![b"data: [DONE]\n\n".to_vec()];
+        let mut first = SSE_HEAD.to_vec();
+        first.extend_from_slice(&chunked(&early));
+        let mut rest = chunked(&late);
+        rest.extend_from_slice(b"0\r\n\r\n");
+        let (peer, go) = engine(first, rest).await;
+        let client = LegClient::new(1, None);
+        let mut leg = client
+            .open(&peer, &get(), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let want = early.concat();
+        let mut got = Vec::new();
+        // Everything sent so far arrives while the engine holds the rest back.
+        while got.len() < want.len() {
+            got.extend_from_slice(&leg.next_chunk().await.unwrap().unwrap());
+        }
+        assert_eq!(got, want);
+        go.send(()).await.unwrap();
+        assert_eq!(&leg.next_chunk().await.unwrap().unwrap()[..], &late[0][..]);
+        assert!(leg.next_chunk().await.unwrap().is_none());
     }
 }
