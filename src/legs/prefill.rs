@@ -285,7 +285,8 @@ async fn run(
     head_tx: oneshot::Sender<Result<PrefillHead, LegError>>,
     body_tx: Option<oneshot::Sender<Result<Bytes, LegError>>>,
 ) -> bool {
-    let _in_flight = job.worker.track(job.keyed);
+    // Released before `on_end` runs: the leg is over when its end is reported.
+    let in_flight = job.worker.track(job.keyed);
     let started = Instant::now();
     let headers = job.headers.as_slice();
     let req = LegRequest {
@@ -304,6 +305,7 @@ async fn run(
         Ok(leg) => leg,
         Err(e) => {
             let _ = head_tx.send(Err(e.clone()));
+            drop(in_flight);
             (job.on_end)(PrefillEnd::Failed(e));
             return false;
         }
@@ -321,6 +323,7 @@ async fn run(
             error_body,
             is_sse,
         }));
+        drop(in_flight);
         (job.on_end)(PrefillEnd::Completed {
             status,
             duration: started.elapsed(),
@@ -356,6 +359,7 @@ async fn run(
                 if let Some(tx) = body_tx {
                     let _ = tx.send(Err(e.clone()));
                 }
+                drop(in_flight);
                 (job.on_end)(PrefillEnd::Failed(e));
                 return false;
             }
@@ -371,6 +375,7 @@ async fn run(
         });
     }
     job.client.release(leg, &job.worker.peer).await;
+    drop(in_flight);
     (job.on_end)(PrefillEnd::Completed {
         status,
         duration: started.elapsed(),
@@ -536,7 +541,12 @@ mod tests {
             assert_eq!(saw.recv().await, Some(Saw::Closed), "{placement:?}");
             // Cancelled: nothing is reported (the closure is dropped with the leg).
             assert!(ended.recv().await.is_none(), "{placement:?}");
-            assert_eq!(worker.in_flight(), 0, "{placement:?}");
+            // An aborted task drops its state after the closure: wait for it, with a deadline.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while worker.in_flight() != 0 {
+                assert!(std::time::Instant::now() < deadline, "{placement:?}: still in flight");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         }
     }
 
