@@ -1,35 +1,42 @@
-//! The data plane's connection to one gRPC worker: a single HTTP/2 connection whose hyper
-//! `SendRequest` every leg clones and sends on directly, reconnected on first use after it
-//! closed.
+//! The data plane's connection to one gRPC worker: a single HTTP/2 connection (the `h2`
+//! crate's client) whose request handle every leg clones and sends on directly, reconnected on
+//! first use after it closed.
 //!
 //! Why not tonic's `Channel`: it is a `tower::Buffer` in front of the connection, so every call
 //! is handed to the buffer's worker task over a channel and answered over a oneshot (two task
 //! wake-ups, often across threads), and its origin, user-agent and timeout layers rebuild each
-//! request's URI and box each response body. A leg sends on the HTTP/2 connection itself; the
-//! h2 connection task is the only other task involved. Settings are SMG's channel settings
-//! (see [`crate::workers::grpc`]): HTTP/2 keep-alive pings every 30 s with a 10 s timeout, also
-//! while idle, TCP keep-alive 60 s, no Nagle, 16/32 MiB windows, adaptive flow control, the
-//! worker's connect timeout.
+//! request's URI and box each response body. Why not hyper's HTTP/2 client either (it was used
+//! here before): hyper sends a request body through a pipe that waits for flow-control
+//! capacity, and h2 grants none to a stream until its HEADERS have been written, so every call
+//! was two writes (HEADERS, then DATA), the second often from a task hyper spawned for the pipe.
+//! Here a call queues its HEADERS and its one DATA frame (with END_STREAM) together, and the
+//! connection task writes both at once: one write per leg.
+//!
+//! Settings are SMG's channel settings (see [`crate::workers::grpc`]): HTTP/2 keep-alive pings
+//! every 30 s with a 10 s timeout, also while idle (a connection whose ping goes unanswered is
+//! closed), TCP keep-alive 60 s, no Nagle, 16/32 MiB windows, the worker's connect timeout, no
+//! server push. The windows stay at their initial sizes (hyper's adaptive window would only
+//! grow them; a leg's messages are small).
 //!
 //! Failures: a connection that cannot be made, or that closed under a call, is `UNAVAILABLE`
-//! (what tonic's channel answers, and what the attempt loop retries); an error on an open
-//! stream comes from the response body as before.
+//! (what tonic's channel answers, and what the attempt loop retries), as is a stream the engine
+//! refused; an error on an open stream comes from the response body.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use http_body_util::BodyExt;
+use hyper::body::Frame;
 use tonic::body::Body;
-use tonic::Status;
+use tonic::{Code, Status};
 
 use crate::workers::grpc::{
     CONNECTION_WINDOW, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, STREAM_WINDOW, TCP_KEEPALIVE,
@@ -45,14 +52,21 @@ pub struct LegChannel {
     shared: Arc<Shared>,
 }
 
+/// An open connection: its request handle, and whether its connection task has ended.
+#[derive(Clone)]
+struct Open {
+    sender: h2::client::SendRequest<Bytes>,
+    closed: Arc<AtomicBool>,
+}
+
 struct Shared {
     socket: SocketAddr,
     /// The URL's host, the calls' `:authority`.
     authority: Authority,
     connect_timeout: Duration,
-    /// The open connection's sender (`None` before the first call, or after one failed to
-    /// connect). Locked only to clone or replace it.
-    sender: Mutex<Option<http2::SendRequest<Body>>>,
+    /// The open connection (`None` before the first call, or after one failed to connect).
+    /// Locked only to clone or replace it.
+    sender: Mutex<Option<Open>>,
     /// Held while connecting, so concurrent first calls make one connection.
     connecting: tokio::sync::Mutex<()>,
 }
@@ -78,30 +92,30 @@ impl LegChannel {
 }
 
 impl Shared {
-    fn open_sender(&self) -> Option<http2::SendRequest<Body>> {
+    fn open_sender(&self) -> Option<Open> {
         self.sender
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .filter(|s| !s.is_closed())
+            .filter(|o| !o.closed.load(Ordering::Acquire))
             .cloned()
     }
 
-    async fn sender(&self) -> Result<http2::SendRequest<Body>, Status> {
-        if let Some(s) = self.open_sender() {
-            return Ok(s);
+    async fn sender(&self) -> Result<Open, Status> {
+        if let Some(o) = self.open_sender() {
+            return Ok(o);
         }
         let _one_at_a_time = self.connecting.lock().await;
-        if let Some(s) = self.open_sender() {
-            return Ok(s);
+        if let Some(o) = self.open_sender() {
+            return Ok(o);
         }
-        let sender = self.connect().await?;
-        *self.sender.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender.clone());
-        Ok(sender)
+        let open = self.connect().await?;
+        *self.sender.lock().unwrap_or_else(|e| e.into_inner()) = Some(open.clone());
+        Ok(open)
     }
 
     /// A new connection, TCP connect and HTTP/2 preface both within the worker's connect timeout.
-    async fn connect(&self) -> Result<http2::SendRequest<Body>, Status> {
+    async fn connect(&self) -> Result<Open, Status> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| {
             Status::unavailable(format!("{what} {}: {e}", self.socket))
         };
@@ -112,31 +126,37 @@ impl Shared {
             let _ = tcp.set_nodelay(true);
             let _ = socket2::SockRef::from(&tcp)
                 .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
-            http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .initial_stream_window_size(STREAM_WINDOW)
+            h2::client::Builder::new()
+                .initial_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
-                .adaptive_window(true)
-                .keep_alive_interval(KEEPALIVE_INTERVAL)
-                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-                .keep_alive_while_idle(true)
-                .handshake(TokioIo::new(tcp))
+                .enable_push(false)
+                .handshake::<_, Bytes>(tcp)
                 .await
                 .map_err(|e| unavailable("HTTP/2 handshake with", &e))
         };
-        let (sender, connection) = tokio::time::timeout(self.connect_timeout, open)
+        let (sender, mut connection) = tokio::time::timeout(self.connect_timeout, open)
             .await
             .map_err(|e| unavailable("connecting to", &e))??;
+        let pings = connection.ping_pong();
+        let closed = Arc::new(AtomicBool::new(false));
         let socket = self.socket;
+        let ended = closed.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                log::debug!("gRPC connection to {socket} ended: {e}");
+            tokio::select! {
+                r = &mut connection => if let Err(e) = r {
+                    log::debug!("gRPC connection to {socket} ended: {e}");
+                },
+                _ = keep_alive(pings) => log::debug!(
+                    "gRPC connection to {socket}: no PING answer within {KEEPALIVE_TIMEOUT:?}, closed"
+                ),
             }
+            // Dropping the connection fails every stream still on it.
+            ended.store(true, Ordering::Release);
         });
-        Ok(sender)
+        Ok(Open { sender, closed })
     }
 
-    /// `path` on this worker: the absolute URI hyper takes `:scheme` and `:authority` from.
+    /// `path` on this worker: the absolute URI h2 takes `:scheme` and `:authority` from.
     fn uri(&self, path: Option<&PathAndQuery>) -> Result<Uri, Status> {
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(Scheme::HTTP);
@@ -146,11 +166,81 @@ impl Shared {
     }
 }
 
+/// HTTP/2 keep-alive: a PING every [`KEEPALIVE_INTERVAL`], idle or not; returns when one is not
+/// answered within [`KEEPALIVE_TIMEOUT`] (or the connection is gone).
+async fn keep_alive(pings: Option<h2::PingPong>) {
+    let Some(mut pings) = pings else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(KEEPALIVE_INTERVAL).await;
+        match tokio::time::timeout(KEEPALIVE_TIMEOUT, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => {}
+            _ => return,
+        }
+    }
+}
+
+/// The status of an HTTP/2 failure: a connection that failed or went away, or a stream the
+/// engine refused, is `UNAVAILABLE` (the engine did not take the call: it may go elsewhere);
+/// otherwise by the stream's reset reason, as tonic maps them.
+fn status_of(e: &h2::Error) -> Status {
+    let code = if e.is_io() || e.is_go_away() {
+        Code::Unavailable
+    } else {
+        match e.reason() {
+            Some(h2::Reason::REFUSED_STREAM) => Code::Unavailable,
+            Some(h2::Reason::CANCEL) => Code::Cancelled,
+            Some(h2::Reason::ENHANCE_YOUR_CALM) => Code::ResourceExhausted,
+            Some(h2::Reason::INADEQUATE_SECURITY) => Code::PermissionDenied,
+            _ => Code::Internal,
+        }
+    };
+    Status::new(code, format!("h2 protocol error: {e}"))
+}
+
+/// A call's response body: the stream's DATA (its flow-control window released as it is read),
+/// then its trailers (the gRPC status).
+pub struct LegBody {
+    recv: h2::RecvStream,
+    data_done: bool,
+}
+
+impl hyper::body::Body for LegBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if !self.data_done {
+            match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(status_of(&e)))),
+                None => self.data_done = true,
+            }
+        }
+        match ready!(self.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(status_of(&e)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+}
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type CallFuture = Pin<Box<dyn Future<Output = Result<Response<Incoming>, BoxError>> + Send>>;
+type CallFuture = Pin<Box<dyn Future<Output = Result<Response<LegBody>, BoxError>> + Send>>;
 
 impl tower_service::Service<Request<Body>> for LegChannel {
-    type Response = Response<Incoming>;
+    type Response = Response<LegBody>;
     type Error = BoxError;
     type Future = CallFuture;
 
@@ -168,22 +258,26 @@ impl tower_service::Service<Request<Body>> for LegChannel {
                 http::header::USER_AGENT,
                 HeaderValue::from_static(USER_AGENT),
             );
-            // Every call the legs make sends one message. Sent as a body that knows its end,
-            // it goes out as one DATA frame carrying END_STREAM, in the same write as the
-            // HEADERS; tonic's streaming body ends only when polled again, which costs a
-            // second frame and, often, a write of its own.
+            // Every call the legs make sends one message: queued as one DATA frame carrying
+            // END_STREAM right behind the HEADERS, both go out in the connection's next write.
             let message = body.collect().await?.to_bytes();
-            let req = Request::from_parts(parts, Body::new(Full::new(message)));
-            let mut sender = shared.sender().await?;
-            match sender.send_request(req).await {
-                Ok(response) => Ok(response),
-                // The connection closed before the call went out, or under it: the engine did
-                // not take it, so the attempt may go elsewhere.
-                Err(e) if e.is_canceled() || e.is_closed() => Err(Box::new(Status::unavailable(
-                    format!("{}: {e}", shared.socket),
-                )) as BoxError),
-                // Anything else maps as tonic maps a hyper error.
-                Err(e) => Err(Box::new(e) as BoxError),
+            let open = shared.sender().await?;
+            let gone = |e: h2::Error| -> BoxError {
+                Box::new(Status::unavailable(format!("{}: {e}", shared.socket)))
+            };
+            let mut sender = open.sender.ready().await.map_err(gone)?;
+            let (response, mut stream) = sender
+                .send_request(Request::from_parts(parts, ()), false)
+                .map_err(gone)?;
+            stream
+                .send_data(message, true)
+                .map_err(|e| Box::new(status_of(&e)) as BoxError)?;
+            match response.await {
+                Ok(response) => Ok(response.map(|recv| LegBody {
+                    recv,
+                    data_done: false,
+                })),
+                Err(e) => Err(Box::new(status_of(&e)) as BoxError),
             }
         })
     }
