@@ -113,10 +113,7 @@ impl DoneDetector {
             }
             if self.line_overflow {
                 // Skip to the next line end without copying.
-                let skip = chunk[i..]
-                    .iter()
-                    .position(|&c| c == b'\n' || c == b'\r')
-                    .unwrap_or(chunk.len() - i);
+                let skip = memchr::memchr2(b'\n', b'\r', &chunk[i..]).unwrap_or(chunk.len() - i);
                 i += skip;
             } else if self.line_len < self.line.len() {
                 self.line[self.line_len] = b;

@@ -544,7 +544,10 @@ mod tests {
             // An aborted task drops its state after the closure: wait for it, with a deadline.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             while worker.in_flight() != 0 {
-                assert!(std::time::Instant::now() < deadline, "{placement:?}: still in flight");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{placement:?}: still in flight"
+                );
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
