@@ -504,16 +504,27 @@ mod tests {
         }
     }
 
+    /// A leg on a fresh scripted engine, past its 2xx head.
+    async fn past_head(
+        then: Then,
+        placement: Placement,
+        keep_body: bool,
+    ) -> (Leg, mpsc::Sender<()>, mpsc::Receiver<Saw>) {
+        let (url, go, saw) = engine(then).await;
+        let mut l = leg(&url, placement, keep_body);
+        assert_eq!(l.leg.head().await.unwrap().status, 200, "{placement:?}");
+        (l, go, saw)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_detached_leg_dropped_mid_body_reads_it_to_the_end() {
         for placement in PLACEMENTS {
-            let (url, go, mut saw) = engine(Then::Finish).await;
+            let (l, go, mut saw) = past_head(Then::Finish, placement, false).await;
             let Leg {
                 mut leg,
                 worker,
                 mut ended,
-            } = leg(&url, placement, false);
-            assert_eq!(leg.head().await.unwrap().status, 200, "{placement:?}");
+            } = l;
             leg.detach();
             drop(leg);
             go.send(()).await.unwrap();
@@ -530,13 +541,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_held_leg_dropped_mid_body_is_cancelled_and_its_connection_closed() {
         for placement in PLACEMENTS {
-            let (url, _go, mut saw) = engine(Then::Finish).await;
+            let (l, _go, mut saw) = past_head(Then::Finish, placement, false).await;
             let Leg {
-                mut leg,
+                leg,
                 worker,
                 mut ended,
-            } = leg(&url, placement, false);
-            assert_eq!(leg.head().await.unwrap().status, 200, "{placement:?}");
+            } = l;
             drop(leg);
             assert_eq!(saw.recv().await, Some(Saw::Closed), "{placement:?}");
             // Cancelled: nothing is reported (the closure is dropped with the leg).
@@ -584,9 +594,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_kept_body_is_delivered_whole() {
         for placement in PLACEMENTS {
-            let (url, go, _saw) = engine(Then::Finish).await;
-            let Leg { mut leg, .. } = leg(&url, placement, true);
-            assert_eq!(leg.head().await.unwrap().status, 200, "{placement:?}");
+            let (Leg { mut leg, .. }, go, _saw) = past_head(Then::Finish, placement, true).await;
             go.send(()).await.unwrap();
             assert_eq!(
                 &leg.body().await.unwrap()[..],
