@@ -64,6 +64,8 @@ struct Shared {
     /// The URL's host, the calls' `:authority`.
     authority: Authority,
     connect_timeout: Duration,
+    /// HTTP/2 keep-alive: a PING this often, and how long its answer may take.
+    keep_alive: (Duration, Duration),
     /// The open connection (`None` before the first call, or after one failed to connect).
     /// Locked only to clone or replace it.
     sender: Mutex<Option<Open>>,
@@ -84,6 +86,7 @@ impl LegChannel {
                 socket,
                 authority,
                 connect_timeout,
+                keep_alive: (KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT),
                 sender: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
             }),
@@ -141,13 +144,14 @@ impl Shared {
         let closed = Arc::new(AtomicBool::new(false));
         let socket = self.socket;
         let ended = closed.clone();
+        let (every, within) = self.keep_alive;
         tokio::spawn(async move {
             tokio::select! {
                 r = &mut connection => if let Err(e) = r {
                     log::debug!("gRPC connection to {socket} ended: {e}");
                 },
-                _ = keep_alive(pings) => log::debug!(
-                    "gRPC connection to {socket}: no PING answer within {KEEPALIVE_TIMEOUT:?}, closed"
+                _ = keep_alive(pings, every, within) => log::debug!(
+                    "gRPC connection to {socket}: no PING answer within {within:?}, closed"
                 ),
             }
             // Dropping the connection fails every stream still on it.
@@ -166,15 +170,15 @@ impl Shared {
     }
 }
 
-/// HTTP/2 keep-alive: a PING every [`KEEPALIVE_INTERVAL`], idle or not; returns when one is not
-/// answered within [`KEEPALIVE_TIMEOUT`] (or the connection is gone).
-async fn keep_alive(pings: Option<h2::PingPong>) {
+/// HTTP/2 keep-alive: a PING `every` (SMG: [`KEEPALIVE_INTERVAL`]), idle or not; returns when
+/// one is not answered `within` ([`KEEPALIVE_TIMEOUT`]), or the connection is gone.
+async fn keep_alive(pings: Option<h2::PingPong>, every: Duration, within: Duration) {
     let Some(mut pings) = pings else {
         return std::future::pending().await;
     };
     loop {
-        tokio::time::sleep(KEEPALIVE_INTERVAL).await;
-        match tokio::time::timeout(KEEPALIVE_TIMEOUT, pings.ping(h2::Ping::opaque())).await {
+        tokio::time::sleep(every).await;
+        match tokio::time::timeout(within, pings.ping(h2::Ping::opaque())).await {
             Ok(Ok(_pong)) => {}
             _ => return,
         }
@@ -280,5 +284,47 @@ impl tower_service::Service<Request<Body>> for LegChannel {
                 Err(e) => Err(Box::new(status_of(&e)) as BoxError),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A peer that takes the connection and reads it, but never answers anything (an engine
+    /// wedged, or a path that silently drops packets).
+    async fn silent_peer() -> (WorkerAddress, SocketAddr) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut sink = [0u8; 4096];
+            while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+        });
+        (
+            WorkerAddress::parse(&format!("grpc://{socket}")).unwrap(),
+            socket,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_ping_goes_unanswered_is_closed_and_replaced() {
+        let (address, socket) = silent_peer().await;
+        let mut channel = LegChannel::lazy(&address, socket, Duration::from_secs(10));
+        Arc::get_mut(&mut channel.shared).unwrap().keep_alive =
+            (Duration::from_millis(20), Duration::from_millis(50));
+        let first = channel.shared.sender().await.unwrap();
+        assert!(!first.closed.load(Ordering::Acquire));
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !first.closed.load(Ordering::Acquire) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "an unanswered PING did not close the connection"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The next call does not get the closed connection.
+        assert!(channel.shared.open_sender().is_none());
     }
 }
