@@ -645,10 +645,21 @@ async fn assert_back_to_normal(gw: &Gateway, survivors: &[&MockEngine], baseline
         rss_kib(gw)
     );
 
+    // A breaker the chaos opened may still be cooling down (`cb_timeout_duration_secs`), and a
+    // failure that lands while it is half-open opens it again: the next requests are served
+    // once it has closed, within the deadline.
     for stream in [false, true] {
         let body = json!({"model": "mock-model", "max_tokens": 4, "stream": stream,
             "messages": [{"role": "user", "content": "after the chaos"}]});
-        let r = gw.post("/v1/chat/completions", &body).await;
+        let end = Instant::now() + SETTLE;
+        let mut r = gw.post("/v1/chat/completions", &body).await;
+        while classify(r.status, stream, &r.body) != Ended::Ok
+            && r.status == 503
+            && Instant::now() < end
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            r = gw.post("/v1/chat/completions", &body).await;
+        }
         assert_eq!(
             classify(r.status, stream, &r.body),
             Ended::Ok,
