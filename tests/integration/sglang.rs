@@ -453,12 +453,14 @@ async fn expect_100_continue_does_not_stall() {
 async fn two_prefills_on_different_ips_each_decode_fetches_from_its_pair() {
     use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
     // 200 requests at once on a loaded 2-core machine can take longer to rendezvous than the
-    // mocks' 2 s test timeouts (the engines' real defaults are 300 s); this test is about which
-    // prefill each decode fetches from, not about timeouts.
+    // mocks' 2 s test timeouts (the engines' real defaults are 300 s), and each waiting decode's
+    // heartbeat to its prefill (a 2 s GET every 0.5 s) can miss too; this test is about which
+    // prefill each decode fetches from, not about timeouts or liveness.
     let engine = |role, ip| {
         let mut c = MockEngineConfig::test(EngineKind::Sglang, role, ip);
         c.bootstrap_timeout = Duration::from_secs(60);
         c.waiting_timeout = Duration::from_secs(60);
+        c.heartbeat_max_failure = 100;
         MockEngine::spawn(c)
     };
     let p2 = engine(Role::Prefill, [127, 0, 0, 2]).await.unwrap();
