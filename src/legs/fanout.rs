@@ -182,7 +182,7 @@ struct Live {
     leg: OpenLeg,
     /// Its prefill (detached), driven while the decode is; its failure counts while the decode
     /// has produced nothing (then its KV cannot come).
-    watch: Option<PrefillLeg>,
+    prefill: Option<PrefillLeg>,
     logprobs: Option<PrefillLogprobs>,
     splitter: SseSplitter,
     saw_done: bool,
@@ -198,7 +198,7 @@ impl Live {
         leg.set_read_timeout(Some(stall));
         Live {
             leg,
-            watch: Some(prefill),
+            prefill: Some(prefill),
             logprobs: o.logprobs.flatten(),
             splitter: SseSplitter::new(),
             saw_done: false,
@@ -217,7 +217,7 @@ enum Next {
 async fn next(j: usize, mut live: Live) -> (usize, Live, Next) {
     let next = tokio::select! {
         c = live.leg.next_chunk() => Next::Chunk(c),
-        _ = relay::prefill_failed(&mut live.watch) => Next::PrefillFailed,
+        _ = relay::prefill_failed(&mut live.prefill) => Next::PrefillFailed,
     };
     (j, live, next)
 }
@@ -250,7 +250,7 @@ impl Run<'_> {
             .map(|(j, mut live)| async move {
                 let read = tokio::select! {
                     b = live.leg.read_to_end(limit) => Next::Chunk(b.map(Some)),
-                    _ = relay::prefill_failed(&mut live.watch) => Next::PrefillFailed,
+                    _ = relay::prefill_failed(&mut live.prefill) => Next::PrefillFailed,
                 };
                 (j, live, read)
             })
@@ -511,8 +511,8 @@ impl Run<'_> {
         if ctx.ttft.is_none() {
             ctx.ttft = Some(self.dispatched.elapsed());
         }
-        if let Some(w) = live.watch.as_mut() {
-            w.mute();
+        if let Some(p) = live.prefill.as_mut() {
+            p.mute();
         }
         if session.write_response_body(Some(out), false).await.is_err() {
             return Some(Attempt::ClientGone);

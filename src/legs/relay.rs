@@ -163,7 +163,7 @@ pub async fn relay(
     let mut done = DoneDetector::new();
     let mut saw_done = false;
     let deadline = tokio::time::Instant::from_std(plan.deadline);
-    let mut watch = plan.prefill.take();
+    let mut prefill = plan.prefill.take();
     loop {
         let next = tokio::select! {
             c = leg.next_chunk() => c,
@@ -174,7 +174,7 @@ pub async fn relay(
                 kind: LegErrorKind::Timeout,
                 detail: "the request ran past request_timeout_secs".into(),
             }),
-            _ = prefill_failed(&mut watch) => {
+            _ = prefill_failed(&mut prefill) => {
                 let e = LegError {
                     kind: LegErrorKind::Body,
                     detail: "the prefill leg failed before the KV was handed over".into(),
@@ -217,8 +217,8 @@ pub async fn relay(
             ctx.ttft = Some(plan.dispatched.elapsed());
             // Output means the KV arrived: the prefill's fate no longer matters (it is still
             // driven to its end).
-            if let Some(w) = watch.as_mut() {
-                w.mute();
+            if let Some(p) = prefill.as_mut() {
+                p.mute();
             }
         }
         if session.write_response_body(Some(out), false).await.is_err() {
@@ -273,8 +273,8 @@ pub async fn end_stream_with_error(
 }
 
 /// Drives the held prefill; resolves when it failed unmuted, never when there is none.
-pub async fn prefill_failed(watch: &mut Option<PrefillLeg>) {
-    match watch {
+pub async fn prefill_failed(prefill: &mut Option<PrefillLeg>) {
+    match prefill {
         Some(w) => w.failed().await,
         None => std::future::pending().await,
     }
@@ -307,7 +307,7 @@ async fn relay_whole(
     status: u16,
 ) -> (RelayEnd, Option<OpenLeg>) {
     let deadline = tokio::time::Instant::from_std(plan.deadline);
-    let mut watch = plan.prefill.take();
+    let mut prefill = plan.prefill.take();
     let body = tokio::select! {
         b = leg.read_to_end(plan.body_limit) => b,
         _ = session.read_body_or_idle(true) => return (RelayEnd::ClientGone, None),
@@ -315,7 +315,7 @@ async fn relay_whole(
             kind: LegErrorKind::Timeout,
             detail: "the request ran past request_timeout_secs".into(),
         }),
-        _ = prefill_failed(&mut watch) => {
+        _ = prefill_failed(&mut prefill) => {
             return (RelayEnd::PrefillFailed(Some(super::parallel::prefill_failed_after_head())), None);
         }
     };

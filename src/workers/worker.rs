@@ -395,7 +395,7 @@ impl Worker {
 
     /// The data plane's gRPC channel to this worker (meaningful only when [`Worker::is_grpc`]):
     /// one HTTP/2 connection, multiplexing every leg, with SMG's settings (the worker's connect
-    /// timeout, keep-alive, adaptive window; see [`LegChannel`]). Cheap to clone.
+    /// timeout, keep-alive, windows; see [`LegChannel`]). Cheap to clone.
     ///
     /// Created lazily, on the first call, not at registration: Pingora runs each service on its
     /// own tokio runtime, and a channel's connection task lives on the runtime that created
