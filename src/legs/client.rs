@@ -545,15 +545,9 @@ impl OpenLeg {
             let want = self.decoder.expected().map_or(self.read_size, |n| {
                 n.clamp(self.read_size as u64, self.read_max as u64) as usize
             });
-            if self.buf.capacity() - self.buf.len() < want / 2 {
-                self.buf.reserve(want);
-            }
-            let room = self.buf.capacity() - self.buf.len();
+            let room = self.room_for(want);
             let n = self.fill().await?;
-            self.more_waiting = n == room;
-            if n == room {
-                self.read_size = (self.read_size * 2).min(self.read_max);
-            }
+            self.after_read(n, room);
             if n == 0 {
                 self.decoder
                     .finish()
@@ -569,23 +563,32 @@ impl OpenLeg {
     fn take_waiting(&mut self) -> Result<(), LegError> {
         use futures::FutureExt;
         while self.more_waiting && self.buf.len() < self.read_max {
-            if self.buf.capacity() - self.buf.len() < self.read_size / 2 {
-                self.buf.reserve(self.read_size);
-            }
-            let room = self.buf.capacity() - self.buf.len();
+            let room = self.room_for(self.read_size);
             match self.stream.read_buf(&mut self.buf).now_or_never() {
-                Some(Ok(n)) => {
-                    self.more_waiting = n == room;
-                    if n == room {
-                        self.read_size = (self.read_size * 2).min(self.read_max);
-                    }
-                }
+                Some(Ok(n)) => self.after_read(n, room),
                 Some(Err(e)) => return Err(LegError::new(LegErrorKind::Body, e)),
                 // Nothing more yet (an end of stream is seen again by the next read).
                 None => self.more_waiting = false,
             }
         }
         Ok(())
+    }
+
+    /// Makes room in the buffer for a read of about `want` bytes; gives the room there is.
+    fn room_for(&mut self, want: usize) -> usize {
+        if self.buf.capacity() - self.buf.len() < want / 2 {
+            self.buf.reserve(want);
+        }
+        self.buf.capacity() - self.buf.len()
+    }
+
+    /// Books a read of `n` bytes into `room`: one that filled it doubles the next read (up to
+    /// the largest) and may have left more bytes waiting.
+    fn after_read(&mut self, n: usize, room: usize) {
+        self.more_waiting = n == room;
+        if n == room {
+            self.read_size = (self.read_size * 2).min(self.read_max);
+        }
     }
 
     /// One read into the buffer's spare room, within the stall deadline.
@@ -782,6 +785,14 @@ mod tests {
         }
     }
 
+    /// `f`, or a failure when it has not resolved in time (a leg that waits for bytes that
+    /// are not coming fails the test instead of hanging it).
+    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(20), f)
+            .await
+            .expect("no outcome within 20 s")
+    }
+
     /// A scripted engine: answers one request with `first`, then `rest` once told to.
     async fn engine(first: Vec<u8>, rest: Vec<u8>) -> (HttpPeer, tokio::sync::mpsc::Sender<()>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -850,7 +861,7 @@ mod tests {
         // goes on whole, so a handful of pieces at most, never one per 1 KB read.
         let mut got = Vec::new();
         let mut pieces = 0;
-        while let Some(p) = leg.next_chunk().await.unwrap() {
+        while let Some(p) = within(leg.next_chunk()).await.unwrap() {
             got.extend_from_slice(&p);
             pieces += 1;
         }
@@ -883,11 +894,14 @@ mod tests {
         let mut got = Vec::new();
         // Everything sent so far arrives while the engine holds the rest back.
         while got.len() < want.len() {
-            got.extend_from_slice(&leg.next_chunk().await.unwrap().unwrap());
+            got.extend_from_slice(&within(leg.next_chunk()).await.unwrap().unwrap());
         }
         assert_eq!(got, want);
         go.send(()).await.unwrap();
-        assert_eq!(&leg.next_chunk().await.unwrap().unwrap()[..], &late[0][..]);
-        assert!(leg.next_chunk().await.unwrap().is_none());
+        assert_eq!(
+            &within(leg.next_chunk()).await.unwrap().unwrap()[..],
+            &late[0][..]
+        );
+        assert!(within(leg.next_chunk()).await.unwrap().is_none());
     }
 }

@@ -121,20 +121,19 @@ impl Placement {
 
 type Run = Pin<Box<dyn Future<Output = bool> + Send>>;
 
-/// The leg itself, wherever it runs.
-enum Running {
+/// The leg itself, wherever it runs, or how it ended.
+enum State {
     Here(Run),
     /// Its own task: dropped undetached, the task is aborted.
     There(tokio::task::JoinHandle<bool>),
+    /// Ended: true when a 2xx body was read to the end.
+    Ended(bool),
 }
 
 pub struct PrefillLeg {
-    /// The leg itself; `None` once it ended.
-    run: Option<Running>,
+    state: State,
     head: Option<oneshot::Receiver<Result<PrefillHead, LegError>>>,
     body: Option<oneshot::Receiver<Result<Bytes, LegError>>>,
-    /// How it ended, once it has: true when a 2xx body was read to the end.
-    ended: Option<bool>,
     /// Dropping the handle lets the leg finish on its own instead of cancelling it.
     detached: bool,
     /// A failure after the head is no longer reported (the decode produced output).
@@ -162,15 +161,14 @@ impl PrefillLeg {
             let _counted = counted;
             run(job, head_tx, body_tx).await
         });
-        let run = match placement {
-            Placement::InTask => Running::Here(leg),
-            Placement::OwnTask => Running::There(tokio::spawn(leg)),
+        let state = match placement {
+            Placement::InTask => State::Here(leg),
+            Placement::OwnTask => State::There(tokio::spawn(leg)),
         };
         PrefillLeg {
-            run: Some(run),
+            state,
             head: Some(head_rx),
             body: body_rx,
-            ended: None,
             detached: false,
             muted: false,
         }
@@ -178,15 +176,14 @@ impl PrefillLeg {
 
     /// Moves the leg on as far as it can go now.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        let polled = match self.run.as_mut() {
-            None => return,
-            Some(Running::Here(run)) => run.as_mut().poll(cx),
+        let polled = match &mut self.state {
+            State::Ended(_) => return,
+            State::Here(run) => run.as_mut().poll(cx),
             // A task that panicked or was aborted did not complete.
-            Some(Running::There(task)) => Pin::new(task).poll(cx).map(|r| r.unwrap_or(false)),
+            State::There(task) => Pin::new(task).poll(cx).map(|r| r.unwrap_or(false)),
         };
         if let Poll::Ready(ok) = polled {
-            self.ended = Some(ok);
-            self.run = None;
+            self.state = State::Ended(ok);
         }
     }
 
@@ -213,8 +210,8 @@ impl PrefillLeg {
     pub async fn failed(&mut self) {
         std::future::poll_fn(|cx| {
             self.drive(cx);
-            match self.ended {
-                Some(false) if !self.muted => Poll::Ready(()),
+            match self.state {
+                State::Ended(false) if !self.muted => Poll::Ready(()),
                 _ => Poll::Pending,
             }
         })
@@ -236,18 +233,21 @@ impl PrefillLeg {
 
 impl Drop for PrefillLeg {
     fn drop(&mut self) {
-        match (self.run.take(), self.detached) {
-            (None, _) => {}
+        match (
+            std::mem::replace(&mut self.state, State::Ended(false)),
+            self.detached,
+        ) {
+            (State::Ended(_), _) => {}
             // Detached: it finishes on its own (a task of its own from here).
-            (Some(Running::Here(run)), true) => {
+            (State::Here(run), true) => {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     rt.spawn(run);
                 }
             }
-            (Some(Running::There(_)), true) => {}
+            (State::There(_), true) => {}
             // Held: dropping it cancels it (dropping the future closes its connection).
-            (Some(Running::Here(_)), false) => {}
-            (Some(Running::There(task)), false) => task.abort(),
+            (State::Here(_), false) => {}
+            (State::There(task), false) => task.abort(),
         }
     }
 }
@@ -279,24 +279,36 @@ fn leg_gone() -> LegError {
 /// The largest read of a prefill body that is drained, not kept.
 const DRAIN_READ_MAX: usize = 4 * 1024;
 
-/// Runs the leg; true when it completed with a 2xx body.
+/// Runs the leg; true when it completed with a 2xx body. Its end is reported once, after the
+/// worker's in-flight count is released (the leg is over when its end is reported).
 async fn run(
-    job: PrefillJob,
+    mut job: PrefillJob,
     head_tx: oneshot::Sender<Result<PrefillHead, LegError>>,
     body_tx: Option<oneshot::Sender<Result<Bytes, LegError>>>,
 ) -> bool {
-    // Released before `on_end` runs: the leg is over when its end is reported.
     let in_flight = job.worker.track(job.keyed);
+    let end = exchange(&mut job, head_tx, body_tx).await;
+    drop(in_flight);
+    let ok = matches!(end, PrefillEnd::Completed { status, .. } if (200..300).contains(&status));
+    (job.on_end)(end);
+    ok
+}
+
+/// Sends the leg, reports its head, then reads its body to the end (kept or drained).
+async fn exchange(
+    job: &mut PrefillJob,
+    head_tx: oneshot::Sender<Result<PrefillHead, LegError>>,
+    body_tx: Option<oneshot::Sender<Result<Bytes, LegError>>>,
+) -> PrefillEnd {
     let started = Instant::now();
-    let headers = job.headers.as_slice();
     let req = LegRequest {
         method: "POST",
         path: &job.path,
         host: &job.worker.address.authority,
-        headers,
+        headers: job.headers.as_slice(),
         body: job.body.clone(),
     };
-    let mut trace = job.trace;
+    let mut trace = job.trace.take();
     let opened = job
         .client
         .open_traced(&job.worker.peer, &req, job.head_timeout, &mut trace)
@@ -305,9 +317,7 @@ async fn run(
         Ok(leg) => leg,
         Err(e) => {
             let _ = head_tx.send(Err(e.clone()));
-            drop(in_flight);
-            (job.on_end)(PrefillEnd::Failed(e));
-            return false;
+            return PrefillEnd::Failed(e);
         }
     };
     leg.set_read_timeout(Some(job.stall_timeout));
@@ -323,12 +333,10 @@ async fn run(
             error_body,
             is_sse,
         }));
-        drop(in_flight);
-        (job.on_end)(PrefillEnd::Completed {
+        return PrefillEnd::Completed {
             status,
             duration: started.elapsed(),
-        });
-        return false;
+        };
     }
     let _ = head_tx.send(Ok(PrefillHead {
         status,
@@ -359,9 +367,7 @@ async fn run(
                 if let Some(tx) = body_tx {
                     let _ = tx.send(Err(e.clone()));
                 }
-                drop(in_flight);
-                (job.on_end)(PrefillEnd::Failed(e));
-                return false;
+                return PrefillEnd::Failed(e);
             }
         }
     }
@@ -375,12 +381,10 @@ async fn run(
         });
     }
     job.client.release(leg, &job.worker.peer).await;
-    drop(in_flight);
-    (job.on_end)(PrefillEnd::Completed {
+    PrefillEnd::Completed {
         status,
         duration: started.elapsed(),
-    });
-    true
+    }
 }
 
 #[cfg(test)]
@@ -504,6 +508,13 @@ mod tests {
         }
     }
 
+    /// `f`, or a failure when it has not resolved in time (a broken leg fails, never hangs).
+    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(20), f)
+            .await
+            .expect("no outcome within 20 s")
+    }
+
     /// A leg on a fresh scripted engine, past its 2xx head.
     async fn past_head(
         then: Then,
@@ -512,7 +523,11 @@ mod tests {
     ) -> (Leg, mpsc::Sender<()>, mpsc::Receiver<Saw>) {
         let (url, go, saw) = engine(then).await;
         let mut l = leg(&url, placement, keep_body);
-        assert_eq!(l.leg.head().await.unwrap().status, 200, "{placement:?}");
+        assert_eq!(
+            within(l.leg.head()).await.unwrap().status,
+            200,
+            "{placement:?}"
+        );
         (l, go, saw)
     }
 
@@ -528,8 +543,8 @@ mod tests {
             leg.detach();
             drop(leg);
             go.send(()).await.unwrap();
-            assert_eq!(saw.recv().await, Some(Saw::Sent), "{placement:?}");
-            let end = ended.recv().await.expect("the leg reports its end");
+            assert_eq!(within(saw.recv()).await, Some(Saw::Sent), "{placement:?}");
+            let end = within(ended.recv()).await.expect("the leg reports its end");
             assert!(
                 matches!(end, PrefillEnd::Completed { status: 200, .. }),
                 "{placement:?}: {end:?}"
@@ -548,9 +563,9 @@ mod tests {
                 mut ended,
             } = l;
             drop(leg);
-            assert_eq!(saw.recv().await, Some(Saw::Closed), "{placement:?}");
+            assert_eq!(within(saw.recv()).await, Some(Saw::Closed), "{placement:?}");
             // Cancelled: nothing is reported (the closure is dropped with the leg).
-            assert!(ended.recv().await.is_none(), "{placement:?}");
+            assert!(within(ended.recv()).await.is_none(), "{placement:?}");
             // An aborted task drops its state after the closure: wait for it, with a deadline.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             while worker.in_flight() != 0 {
@@ -567,22 +582,24 @@ mod tests {
     async fn a_leg_that_breaks_after_its_head_is_reported_failed_unless_muted() {
         for placement in PLACEMENTS {
             for muted in [false, true] {
-                let (url, _go, _saw) = engine(Then::Break).await;
+                let (l, _go, _saw) = past_head(Then::Break, placement, false).await;
                 let Leg {
                     mut leg, mut ended, ..
-                } = leg(&url, placement, false);
-                assert_eq!(leg.head().await.unwrap().status, 200, "{placement:?}");
+                } = l;
                 if muted {
                     leg.mute();
                 }
-                let end = tokio::select! {
-                    _ = leg.failed() => {
-                        assert!(!muted, "{placement:?}: a muted leg reported its failure");
-                        ended.recv().await
+                let end = within(async {
+                    tokio::select! {
+                        _ = leg.failed() => {
+                            assert!(!muted, "{placement:?}: a muted leg reported its failure");
+                            ended.recv().await
+                        }
+                        // A muted leg is still driven to its end, which it reports.
+                        end = ended.recv(), if muted => end,
                     }
-                    // A muted leg is still driven to its end, which it reports.
-                    end = ended.recv(), if muted => end,
-                };
+                })
+                .await;
                 assert!(
                     matches!(end, Some(PrefillEnd::Failed(_))),
                     "{placement:?} muted={muted}: {end:?}"
@@ -597,7 +614,7 @@ mod tests {
             let (Leg { mut leg, .. }, go, _saw) = past_head(Then::Finish, placement, true).await;
             go.send(()).await.unwrap();
             assert_eq!(
-                &leg.body().await.unwrap()[..],
+                &within(leg.body()).await.unwrap()[..],
                 b"0123456789",
                 "{placement:?}"
             );
