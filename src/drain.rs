@@ -23,18 +23,22 @@
 //!
 //! The proxy's own `http_cleanup` is never called: it would drop the idle sessions at once.
 
+use std::cell::RefCell;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::BytesMut;
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
 use pingora::proxy::{HttpProxy, ProxyHttp, Session};
 use pingora::server::{ExecutionPhase, ShutdownWatch};
 use pingora::services::background::BackgroundService;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
@@ -116,31 +120,69 @@ impl Drain {
     /// Waits for the first request of a new connection: its client connected to send one, so
     /// the drain does not close it (a connection accepted just before the listener closes is
     /// still served); only Pingora's first-request timeout applies.
-    async fn first_request(&self, mut stream: Stream) -> Option<Stream> {
-        let mut first = [0u8; 1];
+    async fn first_request(&self, mut stream: Stream) -> Option<Arrived> {
         let wait = Duration::from_secs(NEW_CONNECTION_KEEPALIVE_SECS);
-        match tokio::time::timeout(wait, stream.try_peek(&mut first)).await {
-            Ok(Ok(true)) => Some(stream),
+        match tokio::time::timeout(wait, read_arrived(&mut stream)).await {
+            Ok(Some(head)) => Some(Arrived { stream, head }),
             _ => None,
         }
     }
 
-    /// Waits for the next request on an idle keep-alive connection. `Some(stream)` when request
-    /// bytes arrived (nothing consumed); `None` when the client closed it, or the drain's idle
-    /// deadline passed (the connection is then closed without a race, see the module doc).
-    async fn next_request(&self, mut stream: Stream) -> Option<Stream> {
-        let mut first = [0u8; 1];
+    /// Waits for the next request on an idle keep-alive connection. `Some` when request bytes
+    /// arrived (they are handed on, see [`Arrived`]); `None` when the client closed it, or the
+    /// drain's idle deadline passed (the connection is then closed without a race, see the
+    /// module doc).
+    async fn next_request(&self, mut stream: Stream) -> Option<Arrived> {
         let arrived = tokio::select! {
             // A request that is already there is served, whatever the deadline says.
             biased;
-            peeked = stream.try_peek(&mut first) => peeked.unwrap_or(false),
+            head = read_arrived(&mut stream) => head,
             _ = self.idle_deadline() => {
-                close_without_race(stream).await;
+                // Boxed: the rare end of a connection keeps a read buffer, which would
+                // otherwise sit in every connection's future.
+                Box::pin(close_without_race(stream)).await;
                 return None;
             }
         };
-        arrived.then_some(stream)
+        arrived.map(|head| Arrived { stream, head })
     }
+}
+
+/// A connection whose next request has started to arrive, and the bytes of it read so far.
+///
+/// They are read here, not peeked: the wait between two requests is this module's, and Pingora's
+/// parser takes what was read as the start of the request (`set_pipelined_prefix`, the path it
+/// uses for a pipelined request). So a request costs one read, not a peek plus reads (Pingora's
+/// `try_peek` reads a byte and pushes it back as a one-byte buffer), and the session keeps a
+/// buffer the size of the request instead of Pingora's 4 KiB header buffer for its whole life.
+struct Arrived {
+    stream: Stream,
+    head: BytesMut,
+}
+
+/// How much one read takes of a request that arrives: Pingora's first header read.
+const FIRST_READ: usize = 4096;
+
+thread_local! {
+    /// Where [`read_arrived`] reads: only borrowed within one poll, never across a wait.
+    static FIRST_READ_BUF: RefCell<[u8; FIRST_READ]> = const { RefCell::new([0; FIRST_READ]) };
+}
+
+/// Waits for bytes on `stream` and returns what one read got, in a buffer of its size. `None`:
+/// the client closed the connection, or it failed.
+async fn read_arrived(stream: &mut Stream) -> Option<BytesMut> {
+    std::future::poll_fn(|cx| {
+        FIRST_READ_BUF.with_borrow_mut(|scratch| {
+            let mut read = ReadBuf::new(scratch);
+            match Pin::new(&mut *stream).poll_read(cx, &mut read) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Err(_)) => Poll::Ready(None),
+                Poll::Ready(Ok(())) if read.filled().is_empty() => Poll::Ready(None),
+                Poll::Ready(Ok(())) => Poll::Ready(Some(BytesMut::from(read.filled()))),
+            }
+        })
+    })
+    .await
 }
 
 /// Half-closes `stream` and reads (discarding) until the client closes its side or [`LINGER`]
@@ -181,18 +223,17 @@ where
     ) -> Option<Stream> {
         // Pipelining stays off (Pingora's default), so a connection handed back between two
         // requests never holds bytes of the next one: waiting on the socket is enough.
-        let mut stream = DRAIN.first_request(stream).await?;
+        let mut arrived = DRAIN.first_request(stream).await?;
         let mut settings: Option<HttpPersistentSettings> = None;
         loop {
-            let mut session = ServerSession::new_http1(stream);
-            match settings.take() {
-                Some(s) => s.apply_to_session(&mut session),
-                None => session.set_keepalive(Some(NEW_CONNECTION_KEEPALIVE_SECS)),
-            }
-            let reused = self.proxy.process_new_http(session, shutdown).await?;
-            let (next, persistent) = reused.consume();
+            // The session is moved into Pingora's (boxed) future in a statement of its own, so
+            // this future does not keep room for one while the request is served.
+            let served = self
+                .proxy
+                .process_new_http(session_for(arrived, settings.take()), shutdown);
+            let (next, persistent) = served.await?.consume();
             settings = persistent;
-            stream = DRAIN.next_request(next).await?;
+            arrived = DRAIN.next_request(next).await?;
         }
     }
 
@@ -201,6 +242,17 @@ where
     async fn cleanup(&self) {
         DRAIN.start("shutdown");
     }
+}
+
+/// The Pingora session for a request that has [`Arrived`]: its bytes so far go to the parser.
+fn session_for(arrived: Arrived, settings: Option<HttpPersistentSettings>) -> ServerSession {
+    let mut session = ServerSession::new_http1(arrived.stream);
+    match settings {
+        Some(s) => s.apply_to_session(&mut session),
+        None => session.set_keepalive(Some(NEW_CONNECTION_KEEPALIVE_SECS)),
+    }
+    session.set_pipelined_prefix(arrived.head);
+    session
 }
 
 /// Starts the drain as soon as the listeners have been handed to a new process, or a graceful

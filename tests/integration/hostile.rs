@@ -547,6 +547,77 @@ fn chunk(body: &str) -> String {
     format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len())
 }
 
+/// Reads one response with a `Content-Length` body from `stream`: its status and body.
+async fn read_one_response(stream: &mut TcpStream) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("a content-length answer");
+            if bytes.len() >= end + 4 + length {
+                let status = head[9..12].parse().expect("a status line");
+                let body = String::from_utf8_lossy(&bytes[end + 4..end + 4 + length]);
+                return (status, body.into_owned());
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => bytes.extend_from_slice(&buf[..n]),
+            other => panic!(
+                "no whole response ({other:?}) after {:?}",
+                String::from_utf8_lossy(&bytes)
+            ),
+        }
+    }
+}
+
+/// The gateway reads the first bytes of each request itself (while it waits for one) and hands
+/// them to Pingora's parser. A request whose first byte comes alone, whose head is split and
+/// whose body comes after a pause is served whole, and so is the next one on the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_arrives_in_pieces_is_served_and_the_connection_goes_on() {
+    let fleet = SglangFleet::start(|_| {}).await;
+    let gw = hostile_gateway(&fleet).await;
+    let length = format!("Content-Length: {}", BODY.len());
+    let request = http1(
+        "/generate",
+        &["Content-Type: application/json", &length],
+        BODY,
+    );
+    let head_end = request.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let mut stream = TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect to the gateway");
+    stream.set_nodelay(true).unwrap();
+    for piece in [
+        &request[..1],
+        &request[1..20],
+        &request[20..head_end],
+        &request[head_end..],
+    ] {
+        stream.write_all(piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = read_one_response(&mut stream).await;
+    assert_eq!(status, 200, "the request sent in pieces: {body}");
+    stream.write_all(&request).await.unwrap();
+    let (status, body) = read_one_response(&mut stream).await;
+    assert_eq!(status, 200, "the next request on the connection: {body}");
+    let reached = fleet
+        .prefill
+        .records()
+        .iter()
+        .filter(|r| r.body["text"] == "hi")
+        .count();
+    assert_eq!(reached, 2, "both requests reach the prefill whole");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ambiguous_framing_and_bad_headers_get_400_and_a_closed_connection() {
     let fleet = SglangFleet::start(|_| {}).await;
