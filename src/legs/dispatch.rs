@@ -2,7 +2,7 @@
 //! with a new pair (and a new rendezvous) while nothing has reached the client and the outcome
 //! is retryable. Pingora never retries a POST after connect, so retries are ours.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pingora::proxy::Session;
 
@@ -102,7 +102,7 @@ pub async fn serve(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
-    req: PdRequest,
+    req: &PdRequest,
 ) -> Served {
     let settings = gw.settings();
     let retry = &settings.retry;
@@ -152,7 +152,7 @@ pub async fn serve(
                         gw,
                         session,
                         ctx,
-                        &req,
+                        req,
                         &pair,
                         &mut prepared,
                         &mut slot,
@@ -168,7 +168,7 @@ pub async fn serve(
                     let sequences = req.facts.decode_sequences(req.route);
                     match Box::pin(admit::claim(gw, session, &pair.decode, sequences)).await {
                         Err(refused) => refused,
-                        Ok(_slots) => Box::pin(http_attempt(gw, session, ctx, &req, &pair)).await,
+                        Ok(_slots) => Box::pin(http_attempt(gw, session, ctx, req, &pair)).await,
                     }
                 };
                 handoff::account(&settings, ctx, &pair, &outcome);
@@ -216,13 +216,13 @@ pub async fn serve(
                         ctx.attempts,
                         reply.status
                     );
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => continue,
-                        _ = session.read_body_or_idle(true) => {
-                            ctx.client_gone = true;
-                            return Served::Abort("client closed the connection".into());
-                        }
+                    // Boxed: a retry is rare, and inline its wait would size this future for
+                    // the life of every stream.
+                    if Box::pin(client_left_during(session, backoff)).await {
+                        ctx.client_gone = true;
+                        return Served::Abort("client closed the connection".into());
                     }
+                    continue;
                 }
                 if retryable {
                     for leg in ["prefill", "decode"] {
@@ -238,5 +238,13 @@ pub async fn serve(
                 };
             }
         }
+    }
+}
+
+/// Waits `backoff` before a retry; `true` when the client left meanwhile.
+async fn client_left_during(session: &mut Session, backoff: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(backoff) => false,
+        _ = session.read_body_or_idle(true) => true,
     }
 }

@@ -148,98 +148,108 @@ pub async fn attempt(
         Rooms::Single(r) => *r,
         Rooms::Batch(v) => v.first().copied().unwrap_or(0),
     });
-    let prefill_body = Bytes::from(sglang::leg_body(
-        &req.body,
-        &req.top,
-        &target,
-        &rooms,
-        Leg::Prefill,
-        &dp,
-    ));
-    // Without DP ranks both legs carry the same bytes: one allocation, shared.
-    let decode_body = if dp.prefill.is_none() && dp.decode.is_none() {
-        prefill_body.clone()
-    } else {
-        Bytes::from(sglang::leg_body(
+    let dispatched = Instant::now();
+    let labels = PdLabels::new(ctx, pair);
+    // What outlives the opening: the prefill's logprob rows (the plan borrows them) and the
+    // decode's in-flight count. Everything else is built in the block, so this future (held
+    // for the life of the stream) keeps no room for it while the answer is relayed.
+    let merge_source;
+    let _decode_in_flight;
+    let relayed = {
+        let prefill_body = Bytes::from(sglang::leg_body(
             &req.body,
             &req.top,
             &target,
             &rooms,
-            Leg::Decode,
+            Leg::Prefill,
             &dp,
-        ))
-    };
+        ));
+        // Without DP ranks both legs carry the same bytes: one allocation, shared.
+        let decode_body = if dp.prefill.is_none() && dp.decode.is_none() {
+            prefill_body.clone()
+        } else {
+            Bytes::from(sglang::leg_body(
+                &req.body,
+                &req.top,
+                &target,
+                &rooms,
+                Leg::Decode,
+                &dp,
+            ))
+        };
 
-    let handoff = gw.ledger.open(
-        Kind::Room,
-        ctx.room.unwrap_or_default(),
-        &ctx.request_id,
-        pair.prefill.url(),
-        pair.decode.url(),
-    );
-    *slot = Some(handoff.clone());
-    ctx.connector = Some("bootstrap");
-    ctx.kv_verdict = KvVerdict::of_bootstrap_decode(&pair.decode);
-    log::debug!(
-        "request {} pair {} -> {} bootstrap_room={}",
-        ctx.request_id,
-        pair.prefill.url(),
-        pair.decode.url(),
-        ctx.room.unwrap_or_default()
-    );
-    let dispatched = Instant::now();
-    let labels = PdLabels::new(ctx, pair);
-    let legs = SampleLegs {
-        prefill_body,
-        decode_body,
-        headers: req.forward.clone(),
-        handoff,
-        prefill_trace: trace::leg(
-            ctx,
-            LegRole::Prefill,
-            LegTransport::Http,
-            &pair.prefill,
-            LegFacts::default(),
-        ),
-        decode_trace: trace::leg(
-            ctx,
-            LegRole::Decode,
-            LegTransport::Http,
-            &pair.decode,
-            LegFacts::default(),
-        ),
-    };
-    // Boxed: opening both legs is the attempt's largest state, and it ends before the relay,
-    // which runs for the life of the stream; inline, its size would be held by every open stream.
-    let opened = tokio::select! {
-        o = Box::pin(open_sample(gw, req, pair, &labels, legs)) => o,
-        _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
-    };
-    let OpenSample {
-        decode,
-        mut prefill,
-        logprobs: merge_source,
-        _decode_in_flight,
-    } = match opened {
-        Ok(open) => open,
-        Err(reply) => return Attempt::Refused(reply),
-    };
-    // The relay drives the prefill to its end; if the relay ends first, the prefill finishes
-    // on its own.
-    prefill.detach();
+        let handoff = gw.ledger.open(
+            Kind::Room,
+            ctx.room.unwrap_or_default(),
+            &ctx.request_id,
+            pair.prefill.url(),
+            pair.decode.url(),
+        );
+        *slot = Some(handoff.clone());
+        ctx.connector = Some("bootstrap");
+        ctx.kv_verdict = KvVerdict::of_bootstrap_decode(&pair.decode);
+        log::debug!(
+            "request {} pair {} -> {} bootstrap_room={}",
+            ctx.request_id,
+            pair.prefill.url(),
+            pair.decode.url(),
+            ctx.room.unwrap_or_default()
+        );
+        let legs = SampleLegs {
+            prefill_body,
+            decode_body,
+            headers: req.forward.clone(),
+            handoff,
+            prefill_trace: trace::leg(
+                ctx,
+                LegRole::Prefill,
+                LegTransport::Http,
+                &pair.prefill,
+                LegFacts::default(),
+            ),
+            decode_trace: trace::leg(
+                ctx,
+                LegRole::Decode,
+                LegTransport::Http,
+                &pair.decode,
+                LegFacts::default(),
+            ),
+        };
+        // Boxed: opening both legs is the attempt's largest state, and it ends before the
+        // relay, which runs for the life of the stream; inline, every open stream would hold
+        // its size.
+        let opened = tokio::select! {
+            o = Box::pin(open_sample(gw, req, pair, &labels, legs)) => o,
+            _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
+        };
+        let OpenSample {
+            decode,
+            mut prefill,
+            logprobs,
+            _decode_in_flight: in_flight,
+        } = match opened {
+            Ok(open) => open,
+            Err(reply) => return Attempt::Refused(reply),
+        };
+        (merge_source, _decode_in_flight) = (logprobs, in_flight);
+        // The relay drives the prefill to its end; if the relay ends first, the prefill finishes
+        // on its own.
+        prefill.detach();
 
-    let plan = RelayPlan {
-        streaming: req.facts.stream,
-        logprobs: merge_source.as_ref().map(|o| o.as_ref()),
-        dispatched,
-        decode_url: pair.decode.url(),
-        body_limit: s.max_payload_size,
-        stall_timeout: s.stream_idle_timeout,
-        deadline: ctx.started + s.request_timeout,
-        prefill: Some(prefill),
-        read_cache_report: false,
+        let plan = RelayPlan {
+            streaming: req.facts.stream,
+            logprobs: merge_source.as_ref().map(|o| o.as_ref()),
+            dispatched,
+            decode_url: pair.decode.url(),
+            body_limit: s.max_payload_size,
+            stall_timeout: s.stream_idle_timeout,
+            deadline: ctx.started + s.request_timeout,
+            prefill: Some(prefill),
+            read_cache_report: false,
+        };
+        relay_decode(gw, session, ctx, pair, decode, plan, &labels)
     };
-    relay_decode(gw, session, ctx, pair, decode, plan, &labels).await
+    relayed.await
 }
 
 /// What one rendezvous sends: the two leg bodies (the same room), the headers, its ledger entry,

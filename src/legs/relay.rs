@@ -2,6 +2,7 @@
 //! framing), or the engine's JSON as sent, with the prefill's prompt logprobs merged in front
 //! when the client asked for logprobs. Watches for the client hanging up the whole time.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -87,7 +88,10 @@ pub fn stream_head(
     ctx: &RequestCtx,
     decode_url: &str,
 ) -> pingora::Result<ResponseHeader> {
-    let mut h = ResponseHeader::build(status, Some(8))?;
+    // Without a header-case map (the names are the decode's, already lowercase; Pingora writes
+    // well-known ones title-cased): the head stays in the session for the whole stream, and the
+    // second map would be half of it.
+    let mut h = ResponseHeader::build_no_case(status, Some(8))?;
     for (name, value) in decode.headers.iter() {
         let n = name.as_str();
         if HOP_BY_HOP.contains(&n) || n == "content-length" || n == "content-type" {
@@ -126,121 +130,131 @@ pub async fn start_stream(
 
 /// Sends the decode response: a stream chunk by chunk (the head goes out first; from then on
 /// the request can no longer be retried), a non-streamed answer whole.
-pub async fn relay(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
+///
+/// Not an `async fn`: one keeps a copy of its by-value arguments beside the locals they move into
+/// (rust-lang/rust#62958), here the leg and the plan (~520 bytes) for the life of the stream. The
+/// `async move` block uses the captured arguments in place.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn copies its arguments (above)"
+)]
+pub fn relay<'a>(
+    session: &'a mut Session,
+    ctx: &'a mut RequestCtx,
     mut leg: OpenLeg,
-    mut plan: RelayPlan<'_>,
-) -> (RelayEnd, Option<OpenLeg>) {
-    leg.set_read_timeout(Some(plan.stall_timeout));
-    let status = leg.status();
-    // The one-shot steps are boxed where awaited: this future lives as long as the stream, and
-    // inline each would size it (see "Memory per open stream" in bench/README.md).
-    if !plan.streaming {
-        return Box::pin(relay_whole(session, ctx, leg, &mut plan, status)).await;
-    }
-    let head = match stream_head(leg.head(), status, ctx, plan.decode_url) {
-        Ok(h) => h,
-        Err(e) => {
-            return (
-                RelayEnd::NotSent(Reply::error(ErrorCode::InternalError, e.to_string())),
-                None,
-            )
+    mut plan: RelayPlan<'a>,
+) -> impl Future<Output = (RelayEnd, Option<OpenLeg>)> + Send + 'a {
+    async move {
+        leg.set_read_timeout(Some(plan.stall_timeout));
+        let status = leg.status();
+        // The one-shot steps are boxed where awaited: this future lives as long as the stream, and
+        // inline each would size it (see "Memory per open stream" in bench/README.md).
+        if !plan.streaming {
+            return Box::pin(relay_whole(session, ctx, leg, &mut plan, status)).await;
         }
-    };
-    // The client's head is built: the engine's is not needed again.
-    leg.shed_head();
-    if Box::pin(start_stream(session, ctx, head, status))
-        .await
-        .is_err()
-    {
-        return (RelayEnd::ClientGone, None);
-    }
-    let mut merge = match plan.logprobs {
-        Some(Some(lp)) => Some((lp, SseSplitter::new())),
-        _ => None,
-    };
-    let mut done = DoneDetector::new();
-    let mut saw_done = false;
-    let deadline = tokio::time::Instant::from_std(plan.deadline);
-    let mut prefill = plan.prefill.take();
-    loop {
-        let next = tokio::select! {
-            c = leg.next_chunk() => c,
-            _ = session.read_body_or_idle(true) => {
-                return (RelayEnd::ClientGone, None);
-            }
-            _ = tokio::time::sleep_until(deadline) => Err(LegError {
-                kind: LegErrorKind::Timeout,
-                detail: "the request ran past request_timeout_secs".into(),
-            }),
-            _ = prefill_failed(&mut prefill) => {
-                let e = LegError {
-                    kind: LegErrorKind::Body,
-                    detail: "the prefill leg failed before the KV was handed over".into(),
-                };
-                return match Box::pin(end_stream_with_error(session, ctx, &e)).await {
-                    RelayEnd::ClientGone => (RelayEnd::ClientGone, None),
-                    _ => (RelayEnd::PrefillFailed(None), None),
-                };
-            }
-        };
-        let chunk = match next {
-            Ok(Some(c)) => c,
-            Ok(None) => break,
-            // The engine did not end its body after `[DONE]`: the answer is complete.
-            Err(_) if saw_done => {
-                if let Some(span) = leg.trace_mut() {
-                    span.complete();
-                }
-                break;
-            }
+        let head = match stream_head(leg.head(), status, ctx, plan.decode_url) {
+            Ok(h) => h,
             Err(e) => {
                 return (
-                    Box::pin(end_stream_with_error(session, ctx, &e)).await,
+                    RelayEnd::NotSent(Reply::error(ErrorCode::InternalError, e.to_string())),
                     None,
                 )
             }
         };
-        if !saw_done && done.feed(&chunk) {
-            saw_done = true;
-            leg.set_read_timeout(Some(AFTER_DONE_GRACE));
-        }
-        let out = match merge.as_mut() {
-            Some((lp, splitter)) => merge_chunk(splitter, &chunk, lp),
-            None => chunk,
-        };
-        if out.is_empty() {
-            continue;
-        }
-        if ctx.ttft.is_none() {
-            ctx.ttft = Some(plan.dispatched.elapsed());
-            // Output means the KV arrived: the prefill's fate no longer matters (it is still
-            // driven to its end).
-            if let Some(p) = prefill.as_mut() {
-                p.mute();
-            }
-        }
-        if session.write_response_body(Some(out), false).await.is_err() {
+        // The client's head is built: the engine's is not needed again.
+        leg.shed_head();
+        if Box::pin(start_stream(session, ctx, head, status))
+            .await
+            .is_err()
+        {
             return (RelayEnd::ClientGone, None);
         }
-    }
-    if let Some((_, splitter)) = merge.as_mut() {
-        if let Some(rest) = splitter.finish() {
-            if session
-                .write_response_body(Some(Bytes::from(rest)), false)
-                .await
-                .is_err()
-            {
+        let mut merge = match plan.logprobs {
+            Some(Some(lp)) => Some((lp, SseSplitter::new())),
+            _ => None,
+        };
+        let mut done = DoneDetector::new();
+        let mut saw_done = false;
+        let deadline = tokio::time::Instant::from_std(plan.deadline);
+        let mut prefill = plan.prefill.take();
+        loop {
+            let next = tokio::select! {
+                c = leg.next_chunk() => c,
+                _ = session.read_body_or_idle(true) => {
+                    return (RelayEnd::ClientGone, None);
+                }
+                _ = tokio::time::sleep_until(deadline) => Err(LegError {
+                    kind: LegErrorKind::Timeout,
+                    detail: "the request ran past request_timeout_secs".into(),
+                }),
+                _ = prefill_failed(&mut prefill) => {
+                    let e = LegError {
+                        kind: LegErrorKind::Body,
+                        detail: "the prefill leg failed before the KV was handed over".into(),
+                    };
+                    return match Box::pin(end_stream_with_error(session, ctx, &e)).await {
+                        RelayEnd::ClientGone => (RelayEnd::ClientGone, None),
+                        _ => (RelayEnd::PrefillFailed(None), None),
+                    };
+                }
+            };
+            let chunk = match next {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                // The engine did not end its body after `[DONE]`: the answer is complete.
+                Err(_) if saw_done => {
+                    if let Some(span) = leg.trace_mut() {
+                        span.complete();
+                    }
+                    break;
+                }
+                Err(e) => {
+                    return (
+                        Box::pin(end_stream_with_error(session, ctx, &e)).await,
+                        None,
+                    )
+                }
+            };
+            if !saw_done && done.feed(&chunk) {
+                saw_done = true;
+                leg.set_read_timeout(Some(AFTER_DONE_GRACE));
+            }
+            let out = match merge.as_mut() {
+                Some((lp, splitter)) => merge_chunk(splitter, &chunk, lp),
+                None => chunk,
+            };
+            if out.is_empty() {
+                continue;
+            }
+            if ctx.ttft.is_none() {
+                ctx.ttft = Some(plan.dispatched.elapsed());
+                // Output means the KV arrived: the prefill's fate no longer matters (it is still
+                // driven to its end).
+                if let Some(p) = prefill.as_mut() {
+                    p.mute();
+                }
+            }
+            if session.write_response_body(Some(out), false).await.is_err() {
                 return (RelayEnd::ClientGone, None);
             }
         }
+        if let Some((_, splitter)) = merge.as_mut() {
+            if let Some(rest) = splitter.finish() {
+                if session
+                    .write_response_body(Some(Bytes::from(rest)), false)
+                    .await
+                    .is_err()
+                {
+                    return (RelayEnd::ClientGone, None);
+                }
+            }
+        }
+        if session.write_response_body(None, true).await.is_err() {
+            return (RelayEnd::ClientGone, None);
+        }
+        let reusable = leg.is_done();
+        (RelayEnd::Complete, reusable.then_some(leg))
     }
-    if session.write_response_body(None, true).await.is_err() {
-        return (RelayEnd::ClientGone, None);
-    }
-    let reusable = leg.is_done();
-    (RelayEnd::Complete, reusable.then_some(leg))
 }
 
 /// A stream that cannot go on: one SSE error event (the gateway's error body: `timeout` for a
@@ -389,41 +403,54 @@ pub fn unread_answer(e: &LegError) -> Reply {
 
 /// Relays the decode leg of `pair` to the client (any dispatch mode) and accounts for it: the
 /// decode's breaker outcome, the PD TTFT, and the pooled connection when it ended cleanly.
-pub async fn relay_decode(
-    gw: &Gateway,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    pair: &Pair,
+///
+/// Not an `async fn`, for the reason given at [`relay`].
+#[allow(clippy::manual_async_fn, reason = "an async fn copies its arguments")]
+pub fn relay_decode<'a>(
+    gw: &'a Gateway,
+    session: &'a mut Session,
+    ctx: &'a mut RequestCtx,
+    pair: &'a Pair,
     decode: OpenLeg,
-    plan: RelayPlan<'_>,
-    labels: &PdLabels,
-) -> Attempt {
-    let status = decode.status();
-    // Boxed for the same reason as the attempts in `dispatch` (futures nest by value).
-    let (end, reusable) = Box::pin(relay(session, ctx, decode, plan)).await;
-    match &end {
-        RelayEnd::Complete => pair.decode.record_leg(Some(status)),
-        RelayEnd::StreamError(_) | RelayEnd::NotSent(_) => pair.decode.record_leg(None),
-        // The gateway dropped the leg: it says nothing about the engine.
-        RelayEnd::ClientGone | RelayEnd::PrefillFailed(_) => {}
-    }
-    if let Some(ttft) = ctx.ttft {
-        METRICS
-            .pd_ttft
-            .with_label_values(&labels.as_array())
-            .observe(ttft.as_secs_f64());
-    }
-    if let Some(leg) = reusable {
-        // Boxed: short-lived, and this future is held by the attempt for the stream's life.
-        Box::pin(gw.client.release(leg, &pair.decode.peer)).await;
-    }
-    match end {
-        RelayEnd::Complete => Attempt::Answered,
-        RelayEnd::ClientGone => Attempt::ClientGone,
-        RelayEnd::StreamError(why) => Attempt::EndedWithError(why),
-        RelayEnd::NotSent(reply) | RelayEnd::PrefillFailed(Some(reply)) => Attempt::Refused(reply),
-        RelayEnd::PrefillFailed(None) => {
-            Attempt::EndedWithError("the prefill leg failed before the KV was handed over".into())
+    plan: RelayPlan<'a>,
+    labels: &'a PdLabels,
+) -> impl Future<Output = Attempt> + Send + 'a {
+    async move {
+        let status = decode.status();
+        // Boxed for the same reason as the attempts in `dispatch` (futures nest by value).
+        let (end, reusable) = Box::pin(relay(session, ctx, decode, plan)).await;
+        match &end {
+            RelayEnd::Complete => pair.decode.record_leg(Some(status)),
+            RelayEnd::StreamError(_) | RelayEnd::NotSent(_) => pair.decode.record_leg(None),
+            // The gateway dropped the leg: it says nothing about the engine.
+            RelayEnd::ClientGone | RelayEnd::PrefillFailed(_) => {}
         }
+        if let Some(ttft) = ctx.ttft {
+            METRICS
+                .pd_ttft
+                .with_label_values(&labels.as_array())
+                .observe(ttft.as_secs_f64());
+        }
+        // Boxed: short-lived, and this future is held by the attempt for the stream's life.
+        // The leg is handed over unmatched, so no room is kept for it here.
+        Box::pin(release(gw, reusable, pair)).await;
+        match end {
+            RelayEnd::Complete => Attempt::Answered,
+            RelayEnd::ClientGone => Attempt::ClientGone,
+            RelayEnd::StreamError(why) => Attempt::EndedWithError(why),
+            RelayEnd::NotSent(reply) | RelayEnd::PrefillFailed(Some(reply)) => {
+                Attempt::Refused(reply)
+            }
+            RelayEnd::PrefillFailed(None) => Attempt::EndedWithError(
+                "the prefill leg failed before the KV was handed over".into(),
+            ),
+        }
+    }
+}
+
+/// Gives a decode connection that ended cleanly back to the pool.
+async fn release(gw: &Gateway, leg: Option<OpenLeg>, pair: &Pair) {
+    if let Some(leg) = leg {
+        gw.client.release(leg, &pair.decode.peer).await;
     }
 }

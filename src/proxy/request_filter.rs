@@ -29,8 +29,10 @@ pub async fn run(
     ctx: &mut RequestCtx,
 ) -> pingora::Result<bool> {
     let answered = serve(gw, listener, session, ctx).await?;
-    if answered {
-        linger(session).await;
+    // Boxed, and only when there is something to drain (a refusal): inline, the wait would size
+    // this future, which lives as long as the request (a whole stream).
+    if answered && !session.as_downstream_mut().is_body_done() {
+        Box::pin(linger(session)).await;
     }
     Ok(answered)
 }
@@ -40,9 +42,6 @@ pub async fn run(
 /// closes. Closing a socket with unread data makes the kernel reset it, and the client may lose
 /// the answer it was sent ("lingering close").
 async fn linger(session: &mut Session) {
-    if session.as_downstream_mut().is_body_done() {
-        return;
-    }
     let _ = tokio::time::timeout(LINGER, session.as_downstream_mut().drain_request_body()).await;
 }
 
@@ -252,50 +251,62 @@ async fn serve_pd(
     route: Route,
 ) -> pingora::Result<bool> {
     crate::trace::start_request(session.req_header(), ctx);
-    // Reading the body and admission are boxed: they end before the legs, and inline their
-    // state would stay in this future for the life of the stream.
-    let body = match Box::pin(read_body(
+    // Boxed: what comes before the legs ends before them, and inline its state would stay in
+    // this future for the life of the stream.
+    let Some(req) = Box::pin(take_in(gw, session, ctx, route)).await? else {
+        return Ok(true);
+    };
+    match dispatch::serve(gw, session, ctx, &req).await {
+        Served::Answered => Ok(true),
+        Served::Abort(why) => Err(Error::explain(ErrorType::ConnectionClosed, why)),
+    }
+}
+
+/// Reads the body, takes the request's place under the admission limits and parses it. `None`:
+/// the request was refused and answered.
+async fn take_in(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: Route,
+) -> pingora::Result<Option<PdRequest>> {
+    let refusal = match read_body(
         session,
         gw.settings().max_payload_size,
         gw.settings().body_read_timeout,
-    ))
+    )
     .await
     {
-        Ok(b) => b,
-        Err(refusal) => {
-            reply::send(session, ctx, refusal.reply).await?;
-            return Ok(true);
+        Ok(body) => {
+            // Admitted after the body is in: a queued request is watched for its client
+            // leaving, and a refused one leaves the connection reusable.
+            if admit(gw, session, ctx, true).await?.is_some() {
+                return Ok(None);
+            }
+            match pd_request(gw, session, ctx, route, body) {
+                Ok(req) => return Ok(Some(req)),
+                Err(refusal) => refusal,
+            }
         }
+        Err(refusal) => refusal.reply,
     };
-    // Admitted after the body is in: a queued request is watched for its client leaving, and
-    // a refused one leaves the connection reusable.
-    if let Some(answered) = Box::pin(admit(gw, session, ctx, true)).await? {
-        return Ok(answered);
-    }
-    let top = match scan_object(&body) {
-        Ok(t) => t,
-        Err(e) => {
-            reply::send(
-                session,
-                ctx,
-                Reply::error(ErrorCode::JsonParseError, e.to_string()),
-            )
-            .await?;
-            return Ok(true);
-        }
-    };
-    let facts = match classify(route, &body, &top) {
-        Ok(f) => f,
-        Err(e) => {
-            reply::send(
-                session,
-                ctx,
-                Reply::error(ErrorCode::InvalidRequest, e.to_string()),
-            )
-            .await?;
-            return Ok(true);
-        }
-    };
+    reply::send(session, ctx, refusal).await?;
+    Ok(None)
+}
+
+/// The parsed PD request (the body scanned once, its facts, routing keys and forwarded headers),
+/// or the 400 that refuses it.
+fn pd_request(
+    gw: &Gateway,
+    session: &Session,
+    ctx: &mut RequestCtx,
+    route: Route,
+    body: bytes::Bytes,
+) -> Result<PdRequest, Reply> {
+    let top =
+        scan_object(&body).map_err(|e| Reply::error(ErrorCode::JsonParseError, e.to_string()))?;
+    let facts = classify(route, &body, &top)
+        .map_err(|e| Reply::error(ErrorCode::InvalidRequest, e.to_string()))?;
     ctx.streaming = facts.stream;
     ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref()));
     let mut routing = routing_keys(session);
@@ -309,18 +320,14 @@ async fn serve_pd(
         routing.token_ids = t.token_ids;
     }
     let forward = ForwardHeaders::from_client(session.req_header(), &ctx.request_id);
-    let req = PdRequest {
+    Ok(PdRequest {
         route,
         body,
         top,
         facts,
         forward,
         routing,
-    };
-    match dispatch::serve(gw, session, ctx, req).await {
-        Served::Answered => Ok(true),
-        Served::Abort(why) => Err(Error::explain(ErrorType::ConnectionClosed, why)),
-    }
+    })
 }
 
 /// `/v1/messages/count_tokens`: one available prefill worker, proxied by Pingora itself
