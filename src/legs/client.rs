@@ -15,7 +15,10 @@
 //! then pulled piece by piece. Dropping an [`OpenLeg`] closes its connection — that is how a leg
 //! is "dropped", and the engine sees the hang-up and aborts its side of the rendezvous.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -25,14 +28,21 @@ use pingora::connectors::{ConnectorOptions, TransportConnector};
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
 use pingora::upstreams::peer::{HttpPeer, Peer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 use super::pool::Pool;
 use crate::trace::{LegSpan, LegTrace};
 
+thread_local! {
+    /// Where a leg whose buffer holds no memory reads (see `OpenLeg::fill`): borrowed within
+    /// one poll only, never across a wait.
+    static LEG_SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0; READ_MAX].into_boxed_slice());
+}
+
 /// First read of a response (the head and, usually, a stream's first events), and the first
-/// read size of a body: an open stream holds this much, so it is small. A read that fills it
-/// doubles the next one, up to [`READ_MAX`], so a large body is not read in small bites.
+/// read size of a body. A read that fills it doubles the next one, up to [`READ_MAX`], so a
+/// large body is not read in small bites. Between reads an open stream holds only the bytes it
+/// has not handed out yet (none, usually: see `OpenLeg::fill`).
 const READ_START: usize = 1024;
 /// Largest single read.
 const READ_MAX: usize = 64 * 1024;
@@ -536,6 +546,11 @@ impl OpenLeg {
                 .decoder
                 .decode(&mut self.buf)
                 .map_err(|e| LegError::new(LegErrorKind::Body, e))?;
+            // A buffer left empty is let go: an open stream waits for its next event holding
+            // none (the piece handed out keeps what it needs until it is written).
+            if self.buf.is_empty() {
+                self.buf = BytesMut::new();
+            }
             if !out.is_empty() {
                 return Ok(Some(out));
             }
@@ -545,8 +560,7 @@ impl OpenLeg {
             let want = self.decoder.expected().map_or(self.read_size, |n| {
                 n.clamp(self.read_size as u64, self.read_max as u64) as usize
             });
-            let room = self.room_for(want);
-            let n = self.fill().await?;
+            let (n, room) = self.fill(want).await?;
             self.after_read(n, room);
             if n == 0 {
                 self.decoder
@@ -591,16 +605,48 @@ impl OpenLeg {
         }
     }
 
-    /// One read into the buffer's spare room, within the stall deadline.
-    async fn fill(&mut self) -> Result<usize, LegError> {
-        let read = self.stream.read_buf(&mut self.buf);
-        let n = match self.read_timeout {
+    /// One read of about `want` bytes onto the buffer, within the stall deadline: the bytes read
+    /// and the room they were read into. A buffer that holds no memory (let go once empty, see
+    /// `read_chunk`) gets only what arrived, through the thread's scratch buffer; otherwise the
+    /// read goes to the buffer's spare room.
+    async fn fill(&mut self, want: usize) -> Result<(usize, usize), LegError> {
+        let limit = self.read_timeout;
+        let read = async {
+            if self.buf.capacity() == 0 {
+                std::future::poll_fn(|cx| self.poll_scratch(cx, want)).await
+            } else {
+                let room = self.room_for(want);
+                self.stream.read_buf(&mut self.buf).await.map(|n| (n, room))
+            }
+        };
+        let got = match limit {
             Some(t) => tokio::time::timeout(t, read).await.map_err(|_| {
                 LegError::new(LegErrorKind::Timeout, format!("no body bytes for {t:?}"))
             })?,
             None => read.await,
         };
-        n.map_err(|e| LegError::new(LegErrorKind::Body, e))
+        got.map_err(|e| LegError::new(LegErrorKind::Body, e))
+    }
+
+    /// One read of up to `want` bytes into the thread's scratch buffer (borrowed within this
+    /// poll only), what arrived appended to the buffer.
+    fn poll_scratch(
+        &mut self,
+        cx: &mut Context<'_>,
+        want: usize,
+    ) -> Poll<std::io::Result<(usize, usize)>> {
+        LEG_SCRATCH.with_borrow_mut(|scratch| {
+            let room = want.min(scratch.len());
+            let mut read = ReadBuf::new(&mut scratch[..room]);
+            match Pin::new(&mut self.stream).poll_read(cx, &mut read) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {
+                    self.buf.extend_from_slice(read.filled());
+                    Poll::Ready(Ok((read.filled().len(), room)))
+                }
+            }
+        })
     }
 
     /// Reads the rest of the body, refusing more than `limit` bytes. A body of known length is
@@ -626,7 +672,8 @@ impl OpenLeg {
                 if self.buf.capacity() == self.buf.len() {
                     self.buf.reserve((left - self.buf.len()).min(4 << 20));
                 }
-                if self.fill().await? == 0 {
+                let want = (left - self.buf.len()).min(READ_MAX);
+                if self.fill(want).await?.0 == 0 {
                     return Err(LegError::new(
                         LegErrorKind::Body,
                         "connection closed before the end of the body",
@@ -897,6 +944,13 @@ mod tests {
             got.extend_from_slice(&within(leg.next_chunk()).await.unwrap().unwrap());
         }
         assert_eq!(got, want);
+        // Waiting for the next event, the leg holds no read buffer (the next read goes through
+        // the thread's scratch buffer).
+        assert_eq!(
+            leg.buf.capacity(),
+            0,
+            "an idle stream keeps its read buffer"
+        );
         go.send(()).await.unwrap();
         assert_eq!(
             &within(leg.next_chunk()).await.unwrap().unwrap()[..],

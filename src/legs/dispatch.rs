@@ -9,7 +9,7 @@ use pingora::proxy::Session;
 use super::request::PdRequest;
 use super::{admit, fanout, grpc, handoff, moriio, parallel, sequential};
 use crate::config::RuntimeType;
-use crate::gateway::{jittered_backoff, Gateway};
+use crate::gateway::{jittered_backoff, Gateway, Settings};
 use crate::ledger::Handoff;
 use crate::metrics::{METRICS, UNKNOWN_MODEL};
 use crate::policy::RoutingInput;
@@ -105,47 +105,16 @@ pub async fn serve(
     req: &PdRequest,
 ) -> Served {
     let settings = gw.settings();
-    let retry = &settings.retry;
-    let deadline = ctx.started + settings.request_timeout;
-    let model = req.facts.model.as_deref();
     // gRPC legs: the request converted and tokenized once, on its first gRPC attempt.
     let mut prepared = None;
     loop {
         ctx.attempts += 1;
-        let snap = gw.registry.snapshot();
-        let policies = gw.policies.load();
-        let input = RoutingInput {
-            text: req.routing.text.as_deref(),
-            token_ids: req.routing.token_ids.as_deref(),
-            routing_key: req.routing.routing_key.as_deref(),
-            target_worker: req.routing.target_worker.as_deref(),
-            implicit_key: req.routing.implicit_key.as_deref(),
-            prompt_len: req
-                .routing
-                .text
-                .as_ref()
-                .map(|t| t.chars().count())
-                .or(req.routing.token_ids.as_ref().map(Vec::len))
-                .unwrap_or(0),
-        };
-        let label = ctx.model_label.as_deref().unwrap_or(UNKNOWN_MODEL);
-        let chosen = match &req.routing.pinned {
-            Some(link) => pinned_pair(&snap, link),
-            None => select_pair(&snap, model, &policies, &input, label),
-        };
-        let outcome = match chosen {
-            // An overload shed is final (SMG marks it terminal) and tells the client when to
-            // come back; other selection failures may clear up on a retry.
-            Err(e @ SelectError::Overloaded(_)) => Attempt::Refused(
-                Reply::error(e.code(), e.message())
-                    .with_retry_after(settings.overload_retry_after_secs),
-            ),
-            Err(e) => Attempt::Refused(Reply::error(e.code(), e.message()).retryable(true)),
+        let outcome = match choose(gw, ctx, req, &settings) {
+            Err(refused) => refused,
             Ok(pair) => {
                 ctx.pair = Some(pair.clone());
                 (ctx.room, ctx.transfer_id, ctx.connector) = (None, None, None);
                 ctx.kv_verdict = Default::default();
-                drop(snap);
                 let outcome = if pair.prefill.is_grpc() {
                     let mut slot = None;
                     let outcome = Box::pin(grpc::attempt(
@@ -189,56 +158,114 @@ pub async fn serve(
                 return Served::Abort("client closed the connection".into());
             }
             Attempt::CutShort(why) => return Served::Abort(why),
+            // Boxed: a refusal is rare, and inline its state (the reply, the backoff, the
+            // answer's write) would size this future, which lives as long as every stream.
             Attempt::Refused(reply) => {
-                let backoff = jittered_backoff(retry, ctx.attempts - 1);
-                // A canary's outcome belongs to its link: no other pair is tried.
-                let retryable = reply.retryable
-                    && retry.is_retryable_status(reply.status)
-                    && req.routing.pinned.is_none();
-                let may_retry = retryable
-                    && ctx.attempts < retry.max_attempts
-                    && Instant::now() + backoff < deadline;
-                let endpoint = req.route.metric_endpoint();
-                if may_retry {
-                    for leg in ["prefill", "decode"] {
-                        METRICS
-                            .worker_retries
-                            .with_label_values(&[leg, endpoint])
-                            .inc();
-                    }
-                    METRICS
-                        .worker_retry_backoff
-                        .with_label_values(&[&ctx.attempts.to_string()])
-                        .observe(backoff.as_secs_f64());
-                    log::debug!(
-                        "request {} attempt {} refused ({}), retrying with a new pair",
-                        ctx.request_id,
-                        ctx.attempts,
-                        reply.status
-                    );
-                    // Boxed: a retry is rare, and inline its wait would size this future for
-                    // the life of every stream.
-                    if Box::pin(client_left_during(session, backoff)).await {
-                        ctx.client_gone = true;
-                        return Served::Abort("client closed the connection".into());
-                    }
-                    continue;
+                match Box::pin(after_refusal(session, ctx, req, &settings, reply)).await {
+                    Some(served) => return served,
+                    None => continue,
                 }
-                if retryable {
-                    for leg in ["prefill", "decode"] {
-                        METRICS
-                            .worker_retries_exhausted
-                            .with_label_values(&[leg, endpoint])
-                            .inc();
-                    }
-                }
-                return match reply::send(session, ctx, reply).await {
-                    Ok(()) => Served::Answered,
-                    Err(e) => Served::Abort(e.to_string()),
-                };
             }
         }
     }
+}
+
+/// This attempt's pair (a canary's link when the request is pinned to one), or the refusal
+/// when none can be chosen. A plain function: what selection needs (the registry's snapshot, the
+/// policies, the routing input) is not kept across the attempt.
+fn choose(
+    gw: &Gateway,
+    ctx: &RequestCtx,
+    req: &PdRequest,
+    settings: &Settings,
+) -> Result<Pair, Attempt> {
+    let snap = gw.registry.snapshot();
+    let chosen = match &req.routing.pinned {
+        Some(link) => pinned_pair(&snap, link),
+        None => {
+            let input = RoutingInput {
+                text: req.routing.text.as_deref(),
+                token_ids: req.routing.token_ids.as_deref(),
+                routing_key: req.routing.routing_key.as_deref(),
+                target_worker: req.routing.target_worker.as_deref(),
+                implicit_key: req.routing.implicit_key.as_deref(),
+                prompt_len: req
+                    .routing
+                    .text
+                    .as_ref()
+                    .map(|t| t.chars().count())
+                    .or(req.routing.token_ids.as_ref().map(Vec::len))
+                    .unwrap_or(0),
+            };
+            let label = ctx.model_label.as_deref().unwrap_or(UNKNOWN_MODEL);
+            let model = req.facts.model.as_deref();
+            select_pair(&snap, model, &gw.policies.load(), &input, label)
+        }
+    };
+    chosen.map_err(|e| match e {
+        // An overload shed is final (SMG marks it terminal) and tells the client when to come
+        // back; other selection failures may clear up on a retry.
+        SelectError::Overloaded(_) => Attempt::Refused(
+            Reply::error(e.code(), e.message())
+                .with_retry_after(settings.overload_retry_after_secs),
+        ),
+        _ => Attempt::Refused(Reply::error(e.code(), e.message()).retryable(true)),
+    })
+}
+
+/// After a refused attempt: waits the backoff and says `None` (retry with a new pair) while a
+/// retry is allowed, otherwise answers the refusal.
+async fn after_refusal(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &PdRequest,
+    settings: &Settings,
+    reply: Reply,
+) -> Option<Served> {
+    let retry = &settings.retry;
+    let deadline = ctx.started + settings.request_timeout;
+    let backoff = jittered_backoff(retry, ctx.attempts - 1);
+    // A canary's outcome belongs to its link: no other pair is tried.
+    let retryable =
+        reply.retryable && retry.is_retryable_status(reply.status) && req.routing.pinned.is_none();
+    let may_retry =
+        retryable && ctx.attempts < retry.max_attempts && Instant::now() + backoff < deadline;
+    let endpoint = req.route.metric_endpoint();
+    if may_retry {
+        for leg in ["prefill", "decode"] {
+            METRICS
+                .worker_retries
+                .with_label_values(&[leg, endpoint])
+                .inc();
+        }
+        METRICS
+            .worker_retry_backoff
+            .with_label_values(&[&ctx.attempts.to_string()])
+            .observe(backoff.as_secs_f64());
+        log::debug!(
+            "request {} attempt {} refused ({}), retrying with a new pair",
+            ctx.request_id,
+            ctx.attempts,
+            reply.status
+        );
+        if client_left_during(session, backoff).await {
+            ctx.client_gone = true;
+            return Some(Served::Abort("client closed the connection".into()));
+        }
+        return None;
+    }
+    if retryable {
+        for leg in ["prefill", "decode"] {
+            METRICS
+                .worker_retries_exhausted
+                .with_label_values(&[leg, endpoint])
+                .inc();
+        }
+    }
+    Some(match reply::send(session, ctx, reply).await {
+        Ok(()) => Served::Answered,
+        Err(e) => Served::Abort(e.to_string()),
+    })
 }
 
 /// Waits `backoff` before a retry; `true` when the client left meanwhile.

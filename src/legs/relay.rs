@@ -9,6 +9,7 @@ use bytes::{Bytes, BytesMut};
 use pdgate_filters::logprobs::{merge_event, merge_json, PrefillLogprobs};
 use pdgate_filters::sse::{DoneDetector, SseSplitter};
 use pingora::http::ResponseHeader;
+use pingora::protocols::http::ServerSession;
 use pingora::proxy::Session;
 
 use super::client::{LegError, LegErrorKind, OpenLeg};
@@ -234,26 +235,48 @@ pub fn relay<'a>(
                     p.mute();
                 }
             }
-            if session.write_response_body(Some(out), false).await.is_err() {
+            if write_piece(session, Some(out)).await.is_err() {
                 return (RelayEnd::ClientGone, None);
             }
         }
         if let Some((_, splitter)) = merge.as_mut() {
             if let Some(rest) = splitter.finish() {
-                if session
-                    .write_response_body(Some(Bytes::from(rest)), false)
-                    .await
-                    .is_err()
-                {
+                if write_piece(session, Some(Bytes::from(rest))).await.is_err() {
                     return (RelayEnd::ClientGone, None);
                 }
             }
         }
-        if session.write_response_body(None, true).await.is_err() {
+        if write_piece(session, None).await.is_err() {
             return (RelayEnd::ClientGone, None);
         }
         let reusable = leg.is_done();
         (RelayEnd::Complete, reusable.then_some(leg))
+    }
+}
+
+/// Writes a piece of a streamed answer to the client, `None` ending it. The client's session
+/// is Pingora's HTTP/1 one (`drain::DrainingApp` makes no other), and its write is awaited
+/// directly: the proxy `Session`'s write is sized for every kind of session (768 bytes against
+/// 320), and the relay holds it for the life of the stream. Same steps as that write: the
+/// downstream modules' body filter, then the session's write.
+async fn write_piece(session: &mut Session, piece: Option<Bytes>) -> pingora::Result<()> {
+    let end = piece.is_none();
+    let mut body = piece;
+    session
+        .downstream_modules_ctx
+        .response_body_filter(&mut body, end)?;
+    let data = body.unwrap_or_default();
+    match session.as_downstream_mut() {
+        ServerSession::H1(h1) => {
+            if !data.is_empty() {
+                h1.write_body(&data).await?;
+            }
+            if end {
+                h1.finish_body().await?;
+            }
+            Ok(())
+        }
+        other => Box::pin(other.write_response_body(data, end)).await,
     }
 }
 
