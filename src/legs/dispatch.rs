@@ -231,13 +231,14 @@ async fn after_refusal(
     let may_retry =
         retryable && ctx.attempts < retry.max_attempts && Instant::now() + backoff < deadline;
     let endpoint = req.route.metric_endpoint();
-    if may_retry {
+    // Both legs are counted: a refused attempt retries the pair.
+    let count_both_legs = |counter: &pingora_prometheus::prometheus::IntCounterVec| {
         for leg in ["prefill", "decode"] {
-            METRICS
-                .worker_retries
-                .with_label_values(&[leg, endpoint])
-                .inc();
+            counter.with_label_values(&[leg, endpoint]).inc();
         }
+    };
+    if may_retry {
+        count_both_legs(&METRICS.worker_retries);
         METRICS
             .worker_retry_backoff
             .with_label_values(&[&ctx.attempts.to_string()])
@@ -255,12 +256,7 @@ async fn after_refusal(
         return None;
     }
     if retryable {
-        for leg in ["prefill", "decode"] {
-            METRICS
-                .worker_retries_exhausted
-                .with_label_values(&[leg, endpoint])
-                .inc();
-        }
+        count_both_legs(&METRICS.worker_retries_exhausted);
     }
     Some(match reply::send(session, ctx, reply).await {
         Ok(()) => Served::Answered,

@@ -29,7 +29,7 @@ use crate::ledger::{Handoff, Kind};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON};
-use crate::trace::{self, LegFacts, LegRole, LegTransport};
+use crate::trace::LegFacts;
 use crate::workers::select::Pair;
 use crate::workers::InFlight;
 
@@ -90,26 +90,11 @@ pub async fn attempt(
             room: Some(first_room),
             sample: Some(j),
         };
-        let legs = SampleLegs {
-            prefill_body,
-            decode_body,
-            headers: req.forward.with_request_id(&id),
-            handoff,
-            prefill_trace: trace::leg(
-                ctx,
-                LegRole::Prefill,
-                LegTransport::Http,
-                &pair.prefill,
-                facts,
-            ),
-            decode_trace: trace::leg(
-                ctx,
-                LegRole::Decode,
-                LegTransport::Http,
-                &pair.decode,
-                facts,
-            ),
-        };
+        let (bodies, headers) = (
+            (prefill_body, decode_body),
+            req.forward.with_request_id(&id),
+        );
+        let legs = SampleLegs::new(ctx, pair, bodies, headers, handoff, facts);
         let labels = &labels;
         opening.push(async move { (j as usize, open_sample(gw, req, pair, labels, legs).await) });
     }

@@ -195,26 +195,8 @@ pub async fn attempt(
             pair.decode.url(),
             ctx.room.unwrap_or_default()
         );
-        let legs = SampleLegs {
-            prefill_body,
-            decode_body,
-            headers: req.forward.clone(),
-            handoff,
-            prefill_trace: trace::leg(
-                ctx,
-                LegRole::Prefill,
-                LegTransport::Http,
-                &pair.prefill,
-                LegFacts::default(),
-            ),
-            decode_trace: trace::leg(
-                ctx,
-                LegRole::Decode,
-                LegTransport::Http,
-                &pair.decode,
-                LegFacts::default(),
-            ),
-        };
+        let (bodies, headers) = ((prefill_body, decode_body), req.forward.clone());
+        let legs = SampleLegs::new(ctx, pair, bodies, headers, handoff, LegFacts::default());
         // Boxed: opening both legs is the attempt's largest state, and it ends before the
         // relay, which runs for the life of the stream; inline, every open stream would hold
         // its size.
@@ -261,6 +243,28 @@ pub struct SampleLegs {
     pub handoff: Arc<Handoff>,
     pub prefill_trace: LegTrace,
     pub decode_trace: LegTrace,
+}
+
+impl SampleLegs {
+    /// The legs of one rendezvous of `pair`, `(prefill, decode)` bodies, with their spans.
+    pub fn new(
+        ctx: &RequestCtx,
+        pair: &Pair,
+        (prefill_body, decode_body): (Bytes, Bytes),
+        headers: ForwardHeaders,
+        handoff: Arc<Handoff>,
+        facts: LegFacts,
+    ) -> SampleLegs {
+        let span = |role, worker| trace::leg(ctx, role, LegTransport::Http, worker, facts);
+        SampleLegs {
+            prefill_body,
+            decode_body,
+            headers,
+            handoff,
+            prefill_trace: span(LegRole::Prefill, &pair.prefill),
+            decode_trace: span(LegRole::Decode, &pair.decode),
+        }
+    }
 }
 
 /// One rendezvous whose legs both answered 2xx: the decode to relay, the prefill (still held:
