@@ -42,8 +42,10 @@ thread_local! {
 /// First read of a response (the head and, usually, a stream's first events), and the first
 /// read size of a body. A read that fills it doubles the next one, up to [`READ_MAX`], so a
 /// large body is not read in small bites. Between reads an open stream holds only the bytes it
-/// has not handed out yet (none, usually: see `OpenLeg::fill`).
-const READ_START: usize = 1024;
+/// has not handed out yet (none, usually: see `OpenLeg::fill`), so the size costs memory only
+/// while a read's bytes are in flight: 4 KiB takes a head and a short answer's whole burst in
+/// one read.
+const READ_START: usize = 4096;
 /// Largest single read.
 const READ_MAX: usize = 64 * 1024;
 /// Largest response head accepted.
@@ -889,7 +891,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_burst_already_in_the_socket_is_handed_on_as_one_piece() {
-        // 40 events of 200 bytes, well past the first 1 KB read, all written at once.
+        // 40 events of 200 bytes, past the first read (READ_START), all written at once.
         let events: Vec<Vec<u8>> = (0..40)
             .map(|i| format!("data: {i:0>192}\n\n").into_bytes())
             .collect();
@@ -905,7 +907,7 @@ mod tests {
             .unwrap();
         let want: Vec<u8> = events.concat();
         // The engine's one write may reach us in more than one segment: whatever had arrived
-        // goes on whole, so a handful of pieces at most, never one per 1 KB read.
+        // goes on whole, so a handful of pieces at most, never one per read.
         let mut got = Vec::new();
         let mut pieces = 0;
         while let Some(p) = within(leg.next_chunk()).await.unwrap() {
@@ -922,8 +924,9 @@ mod tests {
 
     #[tokio::test]
     async fn what_has_arrived_goes_on_without_waiting_for_more() {
-        // The head's read fills the first buffer; the rest of the stream comes only later.
-        let early: Vec<Vec<u8>> = (0..8)
+        // The head's read fills the first buffer (30 events of 200 bytes, past READ_START);
+        // the rest of the stream comes only later.
+        let early: Vec<Vec<u8>> = (0..30)
             .map(|i| format!("data: {i:0>192}\n\n").into_bytes())
             .collect();
         let late = vec![b"data: [DONE]\n\n".to_vec()];
