@@ -176,7 +176,9 @@ pub fn relay<'a>(
         };
         let mut done = DoneDetector::new();
         let mut saw_done = false;
-        let deadline = tokio::time::Instant::from_std(plan.deadline);
+        // One timer for the stream's deadline, not one registered and dropped per chunk.
+        let deadline = tokio::time::sleep_until(tokio::time::Instant::from_std(plan.deadline));
+        tokio::pin!(deadline);
         let mut prefill = plan.prefill.take();
         loop {
             let next = tokio::select! {
@@ -184,7 +186,7 @@ pub fn relay<'a>(
                 _ = session.read_body_or_idle(true) => {
                     return (RelayEnd::ClientGone, None);
                 }
-                _ = tokio::time::sleep_until(deadline) => Err(LegError {
+                _ = &mut deadline => Err(LegError {
                     kind: LegErrorKind::Timeout,
                     detail: "the request ran past request_timeout_secs".into(),
                 }),

@@ -653,3 +653,46 @@ async fn metrics_show_request_and_pd_ttft_series() {
         Some(1.0)
     );
 }
+
+/// The request's deadline (`request_timeout_secs`) ends a stream whose tokens keep coming (so
+/// the stall timeout never fires): the events so far, then one SSE `timeout` error event, and
+/// the body ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_outlives_the_request_deadline_ends_with_a_timeout_event() {
+    let fleet = SglangFleet::start(|c| {
+        c.itl_ms = 100;
+        c.natural_stop_every = 0;
+    })
+    .await;
+    let gw = gateway_for(
+        &fleet,
+        "  request_timeout_secs: 2\n  stream_idle_timeout_secs: 30\n",
+    )
+    .await;
+    let started = Instant::now();
+    let body = json!({"text": "a long answer", "stream": true,
+        "sampling_params": {"max_new_tokens": 1000}});
+    let r = gw.stream("/generate", &body).await;
+    assert_eq!(r.status, 200);
+    let (chunks, err) = r.collect().await;
+    let took = started.elapsed();
+    assert!(err.is_none(), "the stream was cut, not ended: {err:?}");
+    let text: String = chunks
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c.data).into_owned())
+        .collect();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    let last = events.last().expect("events");
+    let error: Value = serde_json::from_str(last.strip_prefix("data: ").expect("an SSE event"))
+        .unwrap_or_else(|e| panic!("the last event is not JSON ({e}): {last}"));
+    assert_eq!(error["error"]["code"], "timeout", "{last}");
+    assert!(
+        events.len() >= 5,
+        "tokens flowed before the deadline: {} events",
+        events.len()
+    );
+    assert!(
+        took >= Duration::from_millis(1800) && took < Duration::from_secs(15),
+        "ended after {took:?}, not at the 2 s deadline"
+    );
+}
