@@ -23,11 +23,8 @@
 //!
 //! The proxy's own `http_cleanup` is never called: it would drop the idle sessions at once.
 
-use std::cell::RefCell;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,9 +35,11 @@ use pingora::protocols::Stream;
 use pingora::proxy::{HttpProxy, ProxyHttp, Session};
 use pingora::server::{ExecutionPhase, ShutdownWatch};
 use pingora::services::background::BackgroundService;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
+
+use crate::scratch;
 
 /// How long a connection closed at the end of a drain is read from after its half-close,
 /// waiting for the client to close its side.
@@ -163,26 +162,16 @@ struct Arrived {
 /// How much one read takes of a request that arrives: Pingora's first header read.
 const FIRST_READ: usize = 4096;
 
-thread_local! {
-    /// Where [`read_arrived`] reads: only borrowed within one poll, never across a wait.
-    static FIRST_READ_BUF: RefCell<[u8; FIRST_READ]> = const { RefCell::new([0; FIRST_READ]) };
-}
-
-/// Waits for bytes on `stream` and returns what one read got, in a buffer of its size. `None`:
-/// the client closed the connection, or it failed.
+/// Waits for bytes on `stream` and returns what one read got, in a buffer of its size (read
+/// through [`crate::scratch`]). `None`: the client closed the connection, or it failed.
 async fn read_arrived(stream: &mut Stream) -> Option<BytesMut> {
-    std::future::poll_fn(|cx| {
-        FIRST_READ_BUF.with_borrow_mut(|scratch| {
-            let mut read = ReadBuf::new(scratch);
-            match Pin::new(&mut *stream).poll_read(cx, &mut read) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(Err(_)) => Poll::Ready(None),
-                Poll::Ready(Ok(())) if read.filled().is_empty() => Poll::Ready(None),
-                Poll::Ready(Ok(())) => Poll::Ready(Some(BytesMut::from(read.filled()))),
-            }
-        })
-    })
-    .await
+    let mut head = BytesMut::new();
+    match std::future::poll_fn(|cx| scratch::poll_read_onto(stream, cx, FIRST_READ, &mut head))
+        .await
+    {
+        Ok((n, _)) if n > 0 => Some(head),
+        _ => None,
+    }
 }
 
 /// Half-closes `stream` and reads (discarding) until the client closes its side or [`LINGER`]

@@ -20,6 +20,7 @@ pub mod policy;
 pub mod proxy;
 pub mod reload;
 pub mod reply;
+pub mod scratch;
 pub mod server;
 pub mod trace;
 pub mod workers;

@@ -15,10 +15,7 @@
 //! then pulled piece by piece. Dropping an [`OpenLeg`] closes its connection — that is how a leg
 //! is "dropped", and the engine sees the hang-up and aborts its side of the rendezvous.
 
-use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -28,16 +25,11 @@ use pingora::connectors::{ConnectorOptions, TransportConnector};
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
 use pingora::upstreams::peer::{HttpPeer, Peer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::pool::Pool;
+use crate::scratch;
 use crate::trace::{LegSpan, LegTrace};
-
-thread_local! {
-    /// Where a leg whose buffer holds no memory reads (see `OpenLeg::fill`): borrowed within
-    /// one poll only, never across a wait.
-    static LEG_SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0; READ_MAX].into_boxed_slice());
-}
 
 /// First read of a response (the head and, usually, a stream's first events), and the first
 /// read size of a body. A read that fills it doubles the next one, up to [`READ_MAX`], so a
@@ -47,7 +39,7 @@ thread_local! {
 /// one read.
 const READ_START: usize = 4096;
 /// Largest single read.
-const READ_MAX: usize = 64 * 1024;
+const READ_MAX: usize = scratch::MAX_READ;
 /// Largest response head accepted.
 const MAX_HEAD: usize = 64 * 1024;
 /// Most response header lines accepted.
@@ -609,13 +601,14 @@ impl OpenLeg {
 
     /// One read of about `want` bytes onto the buffer, within the stall deadline: the bytes read
     /// and the room they were read into. A buffer that holds no memory (let go once empty, see
-    /// `read_chunk`) gets only what arrived, through the thread's scratch buffer; otherwise the
+    /// `read_chunk`) gets only what arrived, through [`crate::scratch`]; otherwise the
     /// read goes to the buffer's spare room.
     async fn fill(&mut self, want: usize) -> Result<(usize, usize), LegError> {
         let limit = self.read_timeout;
         let read = async {
             if self.buf.capacity() == 0 {
-                std::future::poll_fn(|cx| self.poll_scratch(cx, want)).await
+                let (stream, buf) = (&mut self.stream, &mut self.buf);
+                std::future::poll_fn(|cx| scratch::poll_read_onto(stream, cx, want, buf)).await
             } else {
                 let room = self.room_for(want);
                 self.stream.read_buf(&mut self.buf).await.map(|n| (n, room))
@@ -628,27 +621,6 @@ impl OpenLeg {
             None => read.await,
         };
         got.map_err(|e| LegError::new(LegErrorKind::Body, e))
-    }
-
-    /// One read of up to `want` bytes into the thread's scratch buffer (borrowed within this
-    /// poll only), what arrived appended to the buffer.
-    fn poll_scratch(
-        &mut self,
-        cx: &mut Context<'_>,
-        want: usize,
-    ) -> Poll<std::io::Result<(usize, usize)>> {
-        LEG_SCRATCH.with_borrow_mut(|scratch| {
-            let room = want.min(scratch.len());
-            let mut read = ReadBuf::new(&mut scratch[..room]);
-            match Pin::new(&mut self.stream).poll_read(cx, &mut read) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) => {
-                    self.buf.extend_from_slice(read.filled());
-                    Poll::Ready(Ok((read.filled().len(), room)))
-                }
-            }
-        })
     }
 
     /// Reads the rest of the body, refusing more than `limit` bytes. A body of known length is
