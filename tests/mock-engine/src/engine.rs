@@ -711,6 +711,10 @@ async fn handle_model(
         });
         let sh = shared.clone();
         shared.groups.work.spawn(async move {
+            let mut cut = CutUnlessFinished {
+                tx: tx.clone(),
+                finished: false,
+            };
             let result = {
                 let run = drive(
                     ctx.clone(),
@@ -757,6 +761,7 @@ async fn handle_model(
                     }
                 }
             }
+            cut.finished = true;
         });
         return resp;
     }
@@ -1464,6 +1469,25 @@ async fn data_plane(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAdd
         return vllm::side_channel(shared, req, peer).await;
     }
     server::text(404, "Not Found")
+}
+
+/// Cuts a streamed body unless its producer finished it: a stream driver aborted by [`kill`]
+/// drops its sender, which would end the body cleanly (hyper writes the chunked terminator) if
+/// the connection's task has not been aborted yet. A crashed engine never ends a stream cleanly,
+/// so the body ends with an error instead (hyper then drops the connection).
+struct CutUnlessFinished {
+    tx: mpsc::Sender<Result<Bytes, io::Error>>,
+    finished: bool,
+}
+
+impl Drop for CutUnlessFinished {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self
+                .tx
+                .try_send(Err(io::Error::other("mock engine killed mid-stream")));
+        }
+    }
 }
 
 /// Abruptly stops everything (a crashed process): listeners, connections, running requests.
