@@ -691,6 +691,7 @@ impl OpenLeg {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::legs::within;
 
     fn head(raw: &[u8]) -> (usize, ResponseHeader, Framing, bool) {
         match parse_head(raw).unwrap() {
@@ -804,14 +805,6 @@ mod tests {
             };
             assert!(RequestWire::encode(&r).is_err());
         }
-    }
-
-    /// `f`, or a failure when it has not resolved in time (a leg that waits for bytes that
-    /// are not coming fails the test instead of hanging it).
-    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-        tokio::time::timeout(Duration::from_secs(20), f)
-            .await
-            .expect("no outcome within 20 s")
     }
 
     /// A scripted engine: answers one request with `first`, then `rest` once told to.

@@ -2,7 +2,7 @@
 //! with a new pair (and a new rendezvous) while nothing has reached the client and the outcome
 //! is retryable. Pingora never retries a POST after connect, so retries are ours.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pingora::proxy::Session;
 
@@ -66,6 +66,14 @@ pub enum Served {
     Answered,
     /// The connection must be closed without finishing the response.
     Abort(String),
+}
+
+impl Served {
+    /// The client went away: marked on the request, and its connection closed.
+    fn client_gone(ctx: &mut RequestCtx) -> Served {
+        ctx.client_gone = true;
+        Served::Abort("client closed the connection".into())
+    }
 }
 
 /// One attempt over HTTP legs, in the dispatch mode of the pair.
@@ -153,10 +161,7 @@ pub async fn serve(
                 );
                 return Served::Answered;
             }
-            Attempt::ClientGone => {
-                ctx.client_gone = true;
-                return Served::Abort("client closed the connection".into());
-            }
+            Attempt::ClientGone => return Served::client_gone(ctx),
             Attempt::CutShort(why) => return Served::Abort(why),
             // Boxed: a refusal is rare, and inline its state (the reply, the backoff, the
             // answer's write) would size this future, which lives as long as every stream.
@@ -249,11 +254,10 @@ async fn after_refusal(
             ctx.attempts,
             reply.status
         );
-        if client_left_during(session, backoff).await {
-            ctx.client_gone = true;
-            return Some(Served::Abort("client closed the connection".into()));
-        }
-        return None;
+        return tokio::select! {
+            _ = tokio::time::sleep(backoff) => None,
+            _ = session.read_body_or_idle(true) => Some(Served::client_gone(ctx)),
+        };
     }
     if retryable {
         count_both_legs(&METRICS.worker_retries_exhausted);
@@ -262,12 +266,4 @@ async fn after_refusal(
         Ok(()) => Served::Answered,
         Err(e) => Served::Abort(e.to_string()),
     })
-}
-
-/// Waits `backoff` before a retry; `true` when the client left meanwhile.
-async fn client_left_during(session: &mut Session, backoff: Duration) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(backoff) => false,
-        _ = session.read_body_or_idle(true) => true,
-    }
 }

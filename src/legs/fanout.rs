@@ -90,11 +90,15 @@ pub async fn attempt(
             room: Some(first_room),
             sample: Some(j),
         };
-        let (bodies, headers) = (
-            (prefill_body, decode_body),
-            req.forward.with_request_id(&id),
+        let headers = req.forward.with_request_id(&id);
+        let legs = SampleLegs::new(
+            ctx,
+            pair,
+            [prefill_body, decode_body],
+            headers,
+            handoff,
+            facts,
         );
-        let legs = SampleLegs::new(ctx, pair, bodies, headers, handoff, facts);
         let labels = &labels;
         opening.push(async move { (j as usize, open_sample(gw, req, pair, labels, legs).await) });
     }
@@ -424,11 +428,10 @@ impl Run<'_> {
             }
         }
         tail.extend_from_slice(b"data: [DONE]\n\n");
-        if session
-            .write_response_body(Some(Bytes::from(tail)), false)
+        if relay::write_piece(session, Some(Bytes::from(tail)))
             .await
             .is_err()
-            || session.write_response_body(None, true).await.is_err()
+            || relay::write_piece(session, None).await.is_err()
         {
             return Attempt::ClientGone;
         }
@@ -499,7 +502,7 @@ impl Run<'_> {
         if let Some(p) = live.prefill.as_mut() {
             p.mute();
         }
-        if session.write_response_body(Some(out), false).await.is_err() {
+        if relay::write_piece(session, Some(out)).await.is_err() {
             return Some(Attempt::ClientGone);
         }
         None

@@ -29,6 +29,15 @@ pub fn uuid_v7() -> uuid::Uuid {
     uuid::Builder::from_unix_timestamp_millis(millis, &rand::random()).into_uuid()
 }
 
+/// `f`, or a test failure when it has not resolved in time: a leg that waits for bytes that are
+/// not coming fails its test instead of hanging it.
+#[cfg(test)]
+pub(crate) async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(20), f)
+        .await
+        .expect("no outcome within 20 s")
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -195,8 +195,15 @@ pub async fn attempt(
             pair.decode.url(),
             ctx.room.unwrap_or_default()
         );
-        let (bodies, headers) = ((prefill_body, decode_body), req.forward.clone());
-        let legs = SampleLegs::new(ctx, pair, bodies, headers, handoff, LegFacts::default());
+        let headers = req.forward.clone();
+        let legs = SampleLegs::new(
+            ctx,
+            pair,
+            [prefill_body, decode_body],
+            headers,
+            handoff,
+            LegFacts::default(),
+        );
         // Boxed: opening both legs is the attempt's largest state, and it ends before the
         // relay, which runs for the life of the stream; inline, every open stream would hold
         // its size.
@@ -246,11 +253,11 @@ pub struct SampleLegs {
 }
 
 impl SampleLegs {
-    /// The legs of one rendezvous of `pair`, `(prefill, decode)` bodies, with their spans.
+    /// The legs of one rendezvous of `pair` (its `[prefill, decode]` bodies), with their spans.
     pub fn new(
         ctx: &RequestCtx,
         pair: &Pair,
-        (prefill_body, decode_body): (Bytes, Bytes),
+        [prefill_body, decode_body]: [Bytes; 2],
         headers: ForwardHeaders,
         handoff: Arc<Handoff>,
         facts: LegFacts,

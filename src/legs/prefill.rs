@@ -395,6 +395,7 @@ mod tests {
     use super::*;
     use crate::config::{WorkerSpec, WorkerType};
     use crate::ledger::{Kind, Ledger};
+    use crate::legs::within;
     use crate::workers::worker::{Origin, WorkerDefaults};
     use crate::workers::WorkerAddress;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -506,13 +507,6 @@ mod tests {
             worker,
             ended,
         }
-    }
-
-    /// `f`, or a failure when it has not resolved in time (a broken leg fails, never hangs).
-    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-        tokio::time::timeout(Duration::from_secs(20), f)
-            .await
-            .expect("no outcome within 20 s")
     }
 
     /// A leg on a fresh scripted engine, past its 2xx head.

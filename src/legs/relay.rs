@@ -256,12 +256,13 @@ pub fn relay<'a>(
     }
 }
 
-/// Writes a piece of a streamed answer to the client, `None` ending it. The client's session
+/// Writes a piece of a streamed answer to the client, `None` ending it (every streamed
+/// answer's writes go through here). The client's session
 /// is Pingora's HTTP/1 one (`drain::DrainingApp` makes no other), and its write is awaited
 /// directly: the proxy `Session`'s write is sized for every kind of session (768 bytes against
 /// 320), and the relay holds it for the life of the stream. Same steps as that write: the
 /// downstream modules' body filter, then the session's write.
-async fn write_piece(session: &mut Session, piece: Option<Bytes>) -> pingora::Result<()> {
+pub async fn write_piece(session: &mut Session, piece: Option<Bytes>) -> pingora::Result<()> {
     let end = piece.is_none();
     let mut body = piece;
     session
@@ -300,11 +301,10 @@ pub async fn end_stream_with_error(
     event.extend_from_slice(&render_error(status, code.as_str(), &message));
     event.extend_from_slice(b"\n\n");
     ctx.error_code = Some(code.as_str());
-    if session
-        .write_response_body(Some(Bytes::from(event)), false)
+    if write_piece(session, Some(Bytes::from(event)))
         .await
         .is_err()
-        || session.write_response_body(None, true).await.is_err()
+        || write_piece(session, None).await.is_err()
     {
         return RelayEnd::ClientGone;
     }

@@ -30,6 +30,7 @@ use super::leg::GrpcLeg;
 use super::prepare::Prepared;
 use crate::legs::dispatch::Attempt;
 use crate::legs::parallel::PdLabels;
+use crate::legs::relay::write_piece;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON, SSE};
@@ -299,9 +300,7 @@ pub async fn relay(
             if !plan.streaming {
                 return out.send_body(session, ctx, plan.decode_url).await;
             }
-            if out.flush(session).await.is_err()
-                || session.write_response_body(None, true).await.is_err()
-            {
+            if out.flush(session).await.is_err() || write_piece(session, None).await.is_err() {
                 return Attempt::ClientGone;
             }
             return Attempt::Answered;
@@ -576,10 +575,7 @@ impl Output {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::take(&mut self.buf));
-        session
-            .write_response_body(Some(chunk), false)
-            .await
-            .map_err(|_| ())
+        write_piece(session, Some(chunk)).await.map_err(|_| ())
     }
 
     /// A non-streamed answer: the whole body.
@@ -613,9 +609,7 @@ impl Output {
         self.writer
             .fail(&mut self.buf, &StreamFailure::new(code, message));
         ctx.error_code = Some(code.as_str());
-        if self.flush(session).await.is_err()
-            || session.write_response_body(None, true).await.is_err()
-        {
+        if self.flush(session).await.is_err() || write_piece(session, None).await.is_err() {
             return Attempt::ClientGone;
         }
         Attempt::EndedWithError(message.to_string())
