@@ -14,6 +14,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use crate::metrics::METRICS;
+use crate::workers::Worker;
 
 /// What a rendezvous is keyed by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,12 +38,50 @@ impl Kind {
     }
 }
 
+/// A rendezvous' id: SGLang's rooms are numbers, transfer ids are text.
+#[derive(Clone, Debug)]
+pub enum HandoffId {
+    Number(u64),
+    Text(Box<str>),
+}
+
+impl From<u64> for HandoffId {
+    fn from(n: u64) -> HandoffId {
+        HandoffId::Number(n)
+    }
+}
+
+impl From<&str> for HandoffId {
+    fn from(s: &str) -> HandoffId {
+        HandoffId::Text(s.into())
+    }
+}
+
+impl From<&String> for HandoffId {
+    fn from(s: &String) -> HandoffId {
+        HandoffId::Text(s.as_str().into())
+    }
+}
+
+impl std::fmt::Display for HandoffId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandoffId::Number(n) => write!(f, "{n}"),
+            HandoffId::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+/// What an open rendezvous records: kept small, it is written for every PD request (the
+/// workers are shared, not copied; a room is a number).
 struct Entry {
     kind: Kind,
-    id: String,
-    request_id: String,
-    prefill: String,
-    decode: String,
+    id: HandoffId,
+    request_id: Box<str>,
+    /// The worker the KV leaves (the prefill; for an encode room, the encode worker).
+    from: Arc<Worker>,
+    /// The worker it goes to (the decode; for an encode room, the prefill).
+    to: Arc<Worker>,
     since: Instant,
 }
 
@@ -90,22 +129,22 @@ impl Ledger {
         Arc::new(Ledger::default())
     }
 
-    /// Records a freshly minted rendezvous between `prefill` and `decode`.
+    /// Records a freshly minted rendezvous from `from` (the prefill) to `to` (the decode).
     pub fn open(
         self: &Arc<Self>,
         kind: Kind,
-        id: impl ToString,
+        id: impl Into<HandoffId>,
         request_id: &str,
-        prefill: &str,
-        decode: &str,
+        from: &Arc<Worker>,
+        to: &Arc<Worker>,
     ) -> Arc<Handoff> {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
         let entry = Entry {
             kind,
-            id: id.to_string(),
-            request_id: request_id.to_string(),
-            prefill: prefill.to_string(),
-            decode: decode.to_string(),
+            id: id.into(),
+            request_id: request_id.into(),
+            from: from.clone(),
+            to: to.clone(),
             since: Instant::now(),
         };
         self.open
@@ -139,12 +178,12 @@ impl Ledger {
                 };
                 let mut v = json!({
                     "kind": e.kind.as_str(),
-                    "id": e.id,
-                    "request_id": e.request_id,
+                    "id": e.id.to_string(),
+                    "request_id": &*e.request_id,
                     "age_seconds": e.since.elapsed().as_secs_f64(),
                 });
-                v[from] = json!(e.prefill);
-                v[to] = json!(e.decode);
+                v[from] = json!(e.from.url());
+                v[to] = json!(e.to.url());
                 v
             })
             .collect();
@@ -159,12 +198,18 @@ mod tests {
     #[test]
     fn an_entry_closes_when_the_last_holder_drops() {
         let ledger = Ledger::new();
-        let h = ledger.open(Kind::Room, 42u64, "req-1", "http://p", "http://d");
+        let p = Worker::for_test("http://p", crate::config::WorkerType::Prefill);
+        let d = Worker::for_test("http://d", crate::config::WorkerType::Decode);
+        let h = ledger.open(Kind::Room, 42u64, "req-1", &p, &d);
         let drain = h.clone();
         assert_eq!(ledger.open_count(), 1);
         drop(h);
         assert_eq!(ledger.open_count(), 1, "the prefill drain still holds it");
-        assert_eq!(ledger.to_json()["handoffs"][0]["id"], "42");
+        let listed = ledger.to_json();
+        assert_eq!(listed["handoffs"][0]["id"], "42");
+        assert_eq!(listed["handoffs"][0]["request_id"], "req-1");
+        assert_eq!(listed["handoffs"][0]["prefill"], "http://p");
+        assert_eq!(listed["handoffs"][0]["decode"], "http://d");
         drop(drain);
         assert_eq!(ledger.open_count(), 0);
     }

@@ -10,6 +10,7 @@ pub mod demo;
 pub mod discovery;
 pub mod drain;
 pub mod gateway;
+pub mod head;
 pub mod ledger;
 pub mod legs;
 pub mod limiter;

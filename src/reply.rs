@@ -2,13 +2,12 @@
 //! one function that writes it. Every reply carries `x-request-id`; gateway errors carry the
 //! JSON error body and `X-SMG-Error-Code` from the catalogue in `pdgate_filters::errors`.
 
-use std::borrow::Cow;
-
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
 use pdgate_filters::errors::{render_error, ErrorCode};
-use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
+use crate::head::{self, Head};
 use crate::proxy::ctx::RequestCtx;
 
 pub const JSON: &str = "application/json";
@@ -18,7 +17,8 @@ pub const SSE: &str = "text/event-stream";
 #[derive(Clone, Debug)]
 pub struct Reply {
     pub status: u16,
-    pub content_type: Cow<'static, str>,
+    /// `""`: none here (an empty preflight answer; an engine's own is in `headers`).
+    pub content_type: &'static str,
     pub body: Bytes,
     /// Gateway error code (header `X-SMG-Error-Code`, metrics, access log).
     pub error_code: Option<&'static str>,
@@ -27,7 +27,7 @@ pub struct Reply {
     /// Whether the attempt loop may retry this outcome with a new pair.
     pub retryable: bool,
     /// Extra headers (e.g. `x-smg-routed-worker-id`, `allow`, an engine's own headers).
-    pub headers: Vec<(Cow<'static, str>, String)>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Reply {
@@ -40,7 +40,7 @@ impl Reply {
     pub fn error_with_status(status: u16, code: ErrorCode, message: impl AsRef<str>) -> Reply {
         Reply {
             status,
-            content_type: Cow::Borrowed(JSON),
+            content_type: JSON,
             body: Bytes::from(render_error(status, code.as_str(), message.as_ref())),
             error_code: Some(code.as_str()),
             retry_after: None,
@@ -60,7 +60,7 @@ impl Reply {
     pub fn body(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
         Reply {
             status,
-            content_type: Cow::Borrowed(content_type),
+            content_type,
             body: body.into(),
             error_code: None,
             retry_after: None,
@@ -74,8 +74,20 @@ impl Reply {
         self
     }
 
-    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
-        self.headers.push((Cow::Borrowed(name), value.into()));
+    /// Adds a header; a value that cannot be one (bytes a header cannot carry) is left out.
+    /// `name` is a lowercase literal.
+    pub fn with_header(self, name: &'static str, value: impl AsRef<str>) -> Reply {
+        match head::value(value.as_ref()) {
+            Some(v) => self.with_header_value(HeaderName::from_static(name), v),
+            None => {
+                log::debug!("reply header {name}: not a header value, left out");
+                self
+            }
+        }
+    }
+
+    pub fn with_header_value(mut self, name: HeaderName, value: HeaderValue) -> Reply {
+        self.headers.push((name, value));
         self
     }
 
@@ -101,24 +113,29 @@ async fn send_now(
     ctx: &mut RequestCtx,
     reply: Reply,
 ) -> pingora::Result<()> {
-    let mut h = ResponseHeader::build(reply.status, Some(5 + reply.headers.len()))?;
+    let mut h = Head::new(reply.status, 5 + reply.headers.len())?;
     if !reply.content_type.is_empty() {
-        h.insert_header("content-type", reply.content_type.as_ref())?;
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(reply.content_type),
+        );
     }
-    h.insert_header("content-length", reply.body.len())?;
+    h.insert(
+        http::header::CONTENT_LENGTH,
+        head::number(reply.body.len() as u64),
+    );
     if let Some(code) = reply.error_code {
         // Codes are ASCII from the catalogue; SMG's one code with spaces is still a valid value.
-        h.insert_header("x-smg-error-code", code)?;
+        h.insert(head::X_SMG_ERROR_CODE, HeaderValue::from_static(code));
     }
     if let Some(secs) = reply.retry_after {
-        h.insert_header("retry-after", secs)?;
+        h.insert(http::header::RETRY_AFTER, head::number(secs));
     }
-    for (name, value) in &reply.headers {
-        h.append_header(name.to_string(), value.as_str())?;
+    for (name, value) in reply.headers {
+        h.append(name, value);
     }
-    if !ctx.request_id.is_empty() {
-        h.insert_header("x-request-id", ctx.request_id.as_str())?;
-    }
+    h.request_id(&ctx.request_id);
+    let mut h = h.finish();
     crate::proxy::cors::decorate(ctx.cors.as_ref(), &mut h)?;
     ctx.status = reply.status;
     ctx.error_code = reply.error_code;

@@ -15,7 +15,7 @@
 //! then pulled piece by piece. Dropping an [`OpenLeg`] closes its connection — that is how a leg
 //! is "dropped", and the engine sees the hang-up and aborts its side of the rendezvous.
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -205,7 +205,9 @@ impl LegClient {
 
 /// A request serialized for the wire: the head, with the body behind it when it is small.
 struct RequestWire {
-    first: Bytes,
+    /// A plain vector: it is written once (twice on a stale pooled connection), never shared,
+    /// and a frozen `Bytes` of it would cost a second allocation.
+    first: Vec<u8>,
     rest: Option<Bytes>,
 }
 
@@ -228,7 +230,7 @@ impl RequestWire {
         let with_body = !req.body.is_empty() || req.method == "POST";
         let coalesce = req.body.len() <= COALESCE_BODY;
         let body_len = if coalesce { req.body.len() } else { 0 };
-        let mut w = BytesMut::with_capacity(
+        let mut w = Vec::with_capacity(
             req.method.len() + req.path.len() + req.host.len() + headers_len + 96 + body_len,
         );
         w.extend_from_slice(req.method.as_bytes());
@@ -254,10 +256,7 @@ impl RequestWire {
         } else {
             Some(req.body.clone())
         };
-        Ok(RequestWire {
-            first: w.freeze(),
-            rest,
-        })
+        Ok(RequestWire { first: w, rest })
     }
 }
 
@@ -376,9 +375,10 @@ fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
         Version::HTTP_11
     };
     // No case-preserving name map: the client never sees these names as sent.
-    let mut head = ResponseHeader::build_no_case(status, Some(resp.headers.len()))
-        .map_err(|e| bad(format!("bad status {status}: {e}")))?;
-    head.set_version(version);
+    let mut parts = http::Response::new(()).into_parts().0;
+    parts.status =
+        http::StatusCode::from_u16(status).map_err(|_| bad(format!("bad status {status}")))?;
+    parts.version = version;
     let mut chunked = false;
     let mut other_coding = false;
     let mut length: Option<u64> = None;
@@ -386,14 +386,13 @@ fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
     for h in resp.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| bad(format!("bad header name {:?}", h.name)))?;
-        let value = HeaderValue::from_bytes(h.value)
-            .map_err(|_| bad(format!("bad value for header {:?}", h.name)))?;
         if name == http::header::TRANSFER_ENCODING {
             // The last coding decides (RFC 9112 §6.3): chunked, or read until close.
             for coding in tokens(h.value) {
                 chunked = coding.eq_ignore_ascii_case(b"chunked");
                 other_coding |= !chunked;
             }
+            continue;
         } else if name == http::header::CONTENT_LENGTH {
             for v in tokens(h.value) {
                 let n = std::str::from_utf8(v)
@@ -406,6 +405,7 @@ fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
                 }
                 length = Some(n);
             }
+            continue;
         } else if name == http::header::CONNECTION {
             for t in tokens(h.value) {
                 if t.eq_ignore_ascii_case(b"close") {
@@ -414,10 +414,18 @@ fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
                     conn_close = false;
                 }
             }
+            continue;
         }
-        head.append_header(name, value)
-            .map_err(|e| bad(format!("header: {e}")))?;
+        // The framing headers above describe this connection, not the answer: they are read
+        // here and never relayed, so the head keeps only the others.
+        let value = well_known_value(h.value)
+            .map_or_else(|| HeaderValue::from_bytes(h.value), Ok)
+            .map_err(|_| bad(format!("bad value for header {:?}", h.name)))?;
+        if parts.headers.try_append(name, value).is_err() {
+            return Err(bad("too many headers".into()));
+        }
     }
+    let head = ResponseHeader::from(parts);
     let has_te = chunked || other_coding;
     let framing = if status == 204 || status == 304 {
         Framing::Length(0)
@@ -438,6 +446,22 @@ fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
         && !(has_te && length.is_some())
         && status != 101;
     Ok(Some((len, Some((head, framing, keepalive)))))
+}
+
+/// The values engines send on most answers, kept static instead of copied per answer.
+const WELL_KNOWN_VALUES: &[&str] = &[
+    "application/json",
+    "text/event-stream",
+    "no-cache",
+    "text/event-stream; charset=utf-8",
+    "application/json; charset=utf-8",
+];
+
+fn well_known_value(v: &[u8]) -> Option<HeaderValue> {
+    WELL_KNOWN_VALUES
+        .iter()
+        .find(|w| w.as_bytes() == v)
+        .map(|w| HeaderValue::from_static(w))
 }
 
 /// Comma-separated, whitespace-trimmed, non-empty tokens of a header value.
@@ -482,9 +506,9 @@ impl OpenLeg {
     /// Frees the response head's headers (a streamed leg relays for minutes once its head has
     /// been turned into the client's): afterwards [`OpenLeg::head`] has the status only.
     pub fn shed_head(&mut self) {
-        if let Ok(bare) = ResponseHeader::build(self.status, Some(0)) {
-            self.head = bare;
-        }
+        let mut bare = http::Response::new(()).into_parts().0;
+        bare.status = self.head.status;
+        self.head = ResponseHeader::from(bare);
     }
 
     /// The response head.

@@ -78,13 +78,9 @@ pub async fn attempt(
             body(Leg::Decode)
         };
         let id = format!("{}-{j}", ctx.request_id);
-        let handoff = gw.ledger.open(
-            Kind::Room,
-            first_room,
-            &id,
-            pair.prefill.url(),
-            pair.decode.url(),
-        );
+        let handoff = gw
+            .ledger
+            .open(Kind::Room, first_room, &id, &pair.prefill, &pair.decode);
         handoffs.push(handoff.clone());
         let facts = LegFacts {
             room: Some(first_room),
@@ -297,8 +293,7 @@ impl Run<'_> {
         if ctx.ttft.is_none() {
             ctx.ttft = Some(self.dispatched.elapsed());
         }
-        let reply = Reply::body(status, JSON, merged)
-            .with_header("x-smg-routed-worker-id", self.pair.decode.url());
+        let reply = relay::routed_to(Reply::body(status, JSON, merged), &self.pair.decode);
         if reply::send(session, ctx, reply).await.is_err() {
             return Attempt::ClientGone;
         }
@@ -325,7 +320,7 @@ impl Run<'_> {
             return Attempt::Refused(Reply::error(ErrorCode::InternalError, "no sample"));
         };
         let status = first.leg.status();
-        let head = match relay::stream_head(first.leg.head(), status, ctx, self.pair.decode.url()) {
+        let head = match relay::stream_head(first.leg.head(), status, ctx, &self.pair.decode) {
             Ok(h) => h,
             Err(e) => {
                 return Attempt::Refused(Reply::error(ErrorCode::InternalError, e.to_string()))

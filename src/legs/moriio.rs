@@ -89,8 +89,8 @@ pub async fn attempt(
         Kind::TransferId,
         &transfer_id,
         &ctx.request_id,
-        pair.prefill.url(),
-        pair.decode.url(),
+        &pair.prefill,
+        &pair.decode,
     );
     let outcome = if plan.is_concurrent() {
         let decode_params = moriio::concurrent_decode_params(&plan, &transfer_id);

@@ -182,8 +182,8 @@ pub async fn attempt(
             Kind::Room,
             ctx.room.unwrap_or_default(),
             &ctx.request_id,
-            pair.prefill.url(),
-            pair.decode.url(),
+            &pair.prefill,
+            &pair.decode,
         );
         *slot = Some(handoff.clone());
         ctx.connector = Some("bootstrap");
@@ -229,7 +229,7 @@ pub async fn attempt(
             streaming: req.facts.stream,
             logprobs: merge_source.as_ref().map(|o| o.as_ref()),
             dispatched,
-            decode_url: pair.decode.url(),
+            decode: &pair.decode,
             body_limit: s.max_payload_size,
             stall_timeout: s.stream_idle_timeout,
             deadline: ctx.started + s.request_timeout,

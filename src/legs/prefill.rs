@@ -491,7 +491,7 @@ mod tests {
             body: Bytes::from_static(b"body"),
             headers: ForwardHeaders::default(),
             trace: None,
-            handoff: Ledger::new().open(Kind::Room, 1, "r", url, url),
+            handoff: Ledger::new().open(Kind::Room, 1, "r", &worker, &worker),
             keyed: false,
             keep_body,
             body_limit: 1024,

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use http::header::HeaderValue;
 use pdgate_filters::logprobs::{merge_event, merge_json, PrefillLogprobs};
 use pdgate_filters::sse::{DoneDetector, SseSplitter};
 use pingora::http::ResponseHeader;
@@ -17,10 +18,12 @@ use super::dispatch::Attempt;
 use super::parallel::PdLabels;
 use super::prefill::PrefillLeg;
 use crate::gateway::Gateway;
+use crate::head::{self, Head};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON, SSE};
 use crate::workers::select::Pair;
+use crate::workers::Worker;
 use pdgate_filters::errors::{render_error, ErrorCode};
 
 /// Headers never copied from an engine response to the client.
@@ -66,7 +69,8 @@ pub struct RelayPlan<'a> {
     pub logprobs: Option<Option<&'a PrefillLogprobs>>,
     /// When the prefill was dispatched (TTFT origin).
     pub dispatched: Instant,
-    pub decode_url: &'a str,
+    /// The decode worker (its URL is `x-smg-routed-worker-id`).
+    pub decode: &'a Worker,
     pub body_limit: usize,
     pub stall_timeout: Duration,
     /// The request's total deadline (`request_timeout_secs`), streams included.
@@ -87,25 +91,48 @@ pub fn stream_head(
     decode: &ResponseHeader,
     status: u16,
     ctx: &RequestCtx,
-    decode_url: &str,
+    decode_worker: &Worker,
 ) -> pingora::Result<ResponseHeader> {
-    // Without a header-case map (the names are the decode's, already lowercase; Pingora writes
-    // well-known ones title-cased): the head stays in the session for the whole stream, and the
-    // second map would be half of it.
-    let mut h = ResponseHeader::build_no_case(status, Some(8))?;
-    for (name, value) in decode.headers.iter() {
+    // Sized to what it holds: the head stays in the session for the whole stream.
+    let relayed = |name: &http::header::HeaderName| {
         let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || n == "content-length" || n == "content-type" {
-            continue;
+        !HOP_BY_HOP.contains(&n)
+            && !matches!(n, "content-length" | "content-type" | "cache-control")
+    };
+    let copied = decode.headers.keys().filter(|n| relayed(n)).count();
+    let mut h = Head::new(status, 5 + copied)?;
+    for (name, value) in decode.headers.iter() {
+        if relayed(name) {
+            h.append(name.clone(), value.clone());
         }
-        h.append_header(name.clone(), value.clone())?;
     }
-    h.insert_header("content-type", SSE)?;
-    h.insert_header("cache-control", "no-cache")?;
-    h.insert_header("transfer-encoding", "chunked")?;
-    h.insert_header("x-smg-routed-worker-id", decode_url)?;
-    h.insert_header("x-request-id", ctx.request_id.as_str())?;
-    Ok(h)
+    stream_headers(&mut h, ctx, decode_worker);
+    Ok(h.finish())
+}
+
+/// The headers every streamed answer carries (the HTTP relay's and the gRPC one's).
+pub fn stream_headers(h: &mut Head, ctx: &RequestCtx, decode: &Worker) {
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(SSE));
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    h.insert(
+        http::header::TRANSFER_ENCODING,
+        HeaderValue::from_static("chunked"),
+    );
+    if let Some(v) = decode.url_value() {
+        h.insert(head::X_SMG_ROUTED_WORKER_ID, v);
+    }
+    h.request_id(&ctx.request_id);
+}
+
+/// `reply` with `x-smg-routed-worker-id`: the decode that answered.
+pub fn routed_to(reply: Reply, decode: &Worker) -> Reply {
+    match decode.url_value() {
+        Some(v) => reply.with_header_value(head::X_SMG_ROUTED_WORKER_ID, v),
+        None => reply,
+    }
 }
 
 /// Sends a stream's head: from here on the request can no longer be retried. `Err`: the client
@@ -153,7 +180,7 @@ pub fn relay<'a>(
         if !plan.streaming {
             return Box::pin(relay_whole(session, ctx, leg, &mut plan, status)).await;
         }
-        let head = match stream_head(leg.head(), status, ctx, plan.decode_url) {
+        let head = match stream_head(leg.head(), status, ctx, plan.decode) {
             Ok(h) => h,
             Err(e) => {
                 return (
@@ -375,31 +402,22 @@ async fn relay_whole(
         None => {
             let mut r = Reply::body(status, JSON, body);
             let head = leg.head();
-            if let Some(ct) = head
-                .headers
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-            {
-                r.content_type = std::borrow::Cow::Owned(ct.to_string());
+            if let Some(ct) = head.headers.get(http::header::CONTENT_TYPE) {
+                r.content_type = "";
+                r.headers.push((http::header::CONTENT_TYPE, ct.clone()));
             }
             for (name, value) in head.headers.iter() {
                 let n = name.as_str();
                 if !HOP_BY_HOP.contains(&n)
-                    && n != "content-length"
-                    && n != "content-type"
-                    && n != "date"
-                    && n != "server"
+                    && !matches!(n, "content-length" | "content-type" | "date" | "server")
                 {
-                    if let Ok(v) = value.to_str() {
-                        r.headers
-                            .push((std::borrow::Cow::Owned(n.to_string()), v.to_string()));
-                    }
+                    r.headers.push((name.clone(), value.clone()));
                 }
             }
             r
         }
     };
-    let reply = reply.with_header("x-smg-routed-worker-id", plan.decode_url);
+    let reply = routed_to(reply, plan.decode);
     if ctx.ttft.is_none() {
         ctx.ttft = Some(plan.dispatched.elapsed());
     }

@@ -137,8 +137,8 @@ pub async fn attempt(
                     Kind::TransferId,
                     &transfer_id,
                     &ctx.request_id,
-                    pair.prefill.url(),
-                    pair.decode.url(),
+                    &pair.prefill,
+                    &pair.decode,
                 ));
                 (Some(prefill_tag.into()), Some(decode_params.into()))
             }
@@ -362,7 +362,7 @@ pub(crate) async fn finish(
         streaming: req.facts.stream,
         logprobs: req.facts.logprobs.then_some(None),
         dispatched,
-        decode_url: pair.decode.url(),
+        decode: &pair.decode,
         body_limit: s.max_payload_size,
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,

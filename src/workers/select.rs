@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::config::GatewayConfig;
 use crate::metrics::METRICS;
 use crate::policy::{self, Candidate, EngineLoad, Policy, PolicyLeg, PolicyParams, RoutingInput};
@@ -99,6 +101,11 @@ impl SelectError {
     }
 }
 
+/// Per-request lists over one leg's workers: on the stack up to this many workers.
+const INLINE: usize = 16;
+type Marks = SmallVec<[bool; INLINE]>;
+type List<T> = SmallVec<[T; INLINE]>;
+
 /// A worker may take new requests: ready (not draining) and its circuit breaker lets it.
 pub fn is_available(w: &Worker) -> bool {
     w.status() == Status::Ready && w.breaker.allows()
@@ -122,12 +129,12 @@ pub fn select_pair(
     if !snap.decodes.iter().any(serving) {
         return Err(SelectError::NoWorkers(WorkerType::Decode));
     }
-    let decode_ok: Vec<bool> = snap
+    let mut decode_ok: Marks = snap
         .decodes
         .iter()
         .map(|d| serving(d) && is_available(d))
         .collect();
-    let prefill_ok: Vec<bool> = snap
+    let mut prefill_ok: Marks = snap
         .prefills
         .iter()
         .map(|p| serving(p) && is_available(p))
@@ -139,12 +146,12 @@ pub fn select_pair(
         return Err(SelectError::NoneAvailable(WorkerType::Decode));
     }
     // Overload protection: overloaded workers are skipped; a leg with nothing else is shed.
-    let decode_ok = shed_overloaded(&snap.decodes, decode_ok, WorkerType::Decode)?;
-    let prefill_ok = shed_overloaded(&snap.prefills, prefill_ok, WorkerType::Prefill)?;
+    shed_overloaded(&snap.decodes, &mut decode_ok, WorkerType::Decode)?;
+    shed_overloaded(&snap.prefills, &mut prefill_ok, WorkerType::Prefill)?;
     // Link health: links out of selection are skipped — unless that leaves no pair at all, when
     // a degraded link beats a 503.
     let link_ok = |i: usize, d: usize| snap.prefills[i].links.usable(&snap.decodes[d].id);
-    let pairable_with = |links: bool| -> Vec<usize> {
+    let pairable_with = |links: bool| -> List<usize> {
         (0..snap.prefills.len())
             .filter(|&i| {
                 prefill_ok[i]
@@ -171,13 +178,13 @@ pub fn select_pair(
         )));
     }
 
-    let prefills: Vec<&Arc<Worker>> = pairable.iter().map(|&i| &snap.prefills[i]).collect();
+    let prefills: List<&Arc<Worker>> = pairable.iter().map(|&i| &snap.prefills[i]).collect();
     let chosen = pick(&*policies.prefill, &prefills, input).ok_or(SelectError::PolicyDeclined(
         WorkerType::Prefill,
         policies.prefill.name(),
     ))?;
     let prefill = prefills[chosen].clone();
-    let decodes: Vec<&Arc<Worker>> = snap.pairs[pairable[chosen]]
+    let decodes: List<&Arc<Worker>> = snap.pairs[pairable[chosen]]
         .iter()
         .filter(|&&d| decode_ok[d] && (!by_links || link_ok(pairable[chosen], d)))
         .map(|&d| &snap.decodes[d])
@@ -203,16 +210,14 @@ pub fn select_pair(
 
 fn shed_overloaded(
     workers: &[Arc<Worker>],
-    ok: Vec<bool>,
+    ok: &mut Marks,
     leg: WorkerType,
-) -> Result<Vec<bool>, SelectError> {
-    let kept: Vec<bool> = ok
-        .iter()
-        .zip(workers)
-        .map(|(ok, w)| *ok && !w.is_overloaded())
-        .collect();
-    if kept.iter().any(|k| *k) {
-        Ok(kept)
+) -> Result<(), SelectError> {
+    for (ok, w) in ok.iter_mut().zip(workers) {
+        *ok = *ok && !w.is_overloaded();
+    }
+    if ok.iter().any(|k| *k) {
+        Ok(())
     } else {
         METRICS
             .worker_overload_shed
@@ -256,8 +261,8 @@ fn incompatibility(snap: &Snapshot, prefill_ok: &[bool], decode_ok: &[bool]) -> 
 
 /// Runs `policy` over `list`; the index of its pick (after telling it the pick was taken).
 fn pick(policy: &dyn Policy, list: &[&Arc<Worker>], input: &RoutingInput<'_>) -> Option<usize> {
-    let loads: Vec<Option<Arc<EngineLoad>>> = list.iter().map(|w| w.load()).collect();
-    let cands: Vec<Candidate<'_>> = list
+    let loads: List<Option<Arc<EngineLoad>>> = list.iter().map(|w| w.load()).collect();
+    let cands: List<Candidate<'_>> = list
         .iter()
         .zip(&loads)
         .map(|(w, load)| Candidate {

@@ -282,9 +282,26 @@ pub struct Worker {
     active_gauge: IntGauge,
     /// A prefill's links to its decodes (link health; empty on decodes).
     pub links: super::links::LinkTable,
+    /// The URL as a header value (`x-smg-routed-worker-id` on every answer): built once,
+    /// shared by reference count.
+    url_value: Option<http::HeaderValue>,
 }
 
 impl Worker {
+    /// A worker with default settings at `url` (unit tests).
+    #[cfg(test)]
+    pub fn for_test(url: &str, role: WorkerType) -> Arc<Worker> {
+        let defaults = WorkerDefaults::from_config(&crate::config::GatewayConfig::default());
+        Worker::new(
+            "id".into(),
+            WorkerSpec::new(url, role),
+            WorkerAddress::parse(url).expect("a test worker URL"),
+            "127.0.0.1:1".parse().expect("an address"),
+            &defaults,
+            Origin::Config,
+        )
+    }
+
     pub fn new(
         id: String,
         spec: WorkerSpec,
@@ -345,6 +362,7 @@ impl Worker {
             super::breaker::settings_for(&defaults.breaker, spec.resilience.as_ref()),
             &spec.url,
         );
+        let spec_url = spec.url.clone();
         Worker {
             id,
             origin,
@@ -366,11 +384,17 @@ impl Worker {
             overloaded: AtomicBool::new(false),
             active_gauge,
             links: Default::default(),
+            url_value: http::HeaderValue::from_str(&spec_url).ok(),
         }
     }
 
     pub fn url(&self) -> &str {
         &self.spec.url
+    }
+
+    /// [`Worker::url`] as a header value (`None` if the URL has bytes a header cannot carry).
+    pub fn url_value(&self) -> Option<http::HeaderValue> {
+        self.url_value.clone()
     }
 
     pub fn role(&self) -> WorkerType {

@@ -48,7 +48,7 @@ pub fn plan(
     media: &Media,
     request_id: &str,
     client_request_id: &str,
-    prefill: &Worker,
+    prefill: &Arc<Worker>,
     model_label: &str,
 ) -> Result<EncodePlan, Reply> {
     let snap = gw.registry.snapshot();
@@ -81,13 +81,9 @@ pub fn plan(
             port,
             room,
         });
-        let handoff = gw.ledger.open(
-            Kind::EncodeRoom,
-            room,
-            client_request_id,
-            worker.url(),
-            prefill.url(),
-        );
+        let handoff = gw
+            .ledger
+            .open(Kind::EncodeRoom, room, client_request_id, &worker, prefill);
         let item = items.next().unwrap_or_default();
         calls.push(EncodeCall {
             request: Some(enc::EncodeRequest {

@@ -246,7 +246,7 @@ pub async fn relay_open_decode(
         prepared: p,
         streaming: p.gen.stream,
         dispatched,
-        decode_url: legs.pair.decode.url(),
+        decode: &legs.pair.decode,
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
         labels: legs.labels(),

@@ -96,8 +96,8 @@ pub async fn attempt(
             Kind::Room,
             room,
             &ctx.request_id,
-            pair.prefill.url(),
-            pair.decode.url(),
+            &pair.prefill,
+            &pair.decode,
         );
         if i == 0 {
             *slot = Some(handoff.clone());

@@ -28,12 +28,13 @@ use tonic::Status;
 use super::engine::{EngineStop, Message, OutputLogprobs};
 use super::leg::GrpcLeg;
 use super::prepare::Prepared;
+use crate::head::Head;
 use crate::legs::dispatch::Attempt;
 use crate::legs::parallel::PdLabels;
 use crate::legs::relay::write_piece;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
-use crate::reply::{self, Reply, JSON, SSE};
+use crate::reply::{self, Reply, JSON};
 use crate::workers::Worker;
 
 pub struct RelayPlan<'a> {
@@ -42,7 +43,7 @@ pub struct RelayPlan<'a> {
     pub streaming: bool,
     /// Prefill dispatch (TTFT origin).
     pub dispatched: Instant,
-    pub decode_url: &'a str,
+    pub decode: &'a Worker,
     /// Longest silence between two messages of a stream.
     pub stall_timeout: Duration,
     /// The request's total deadline.
@@ -180,7 +181,7 @@ pub async fn relay(
     let deadline = tokio::time::Instant::from_std(plan.deadline);
     let mut head_sent = false;
     if plan.streaming {
-        if let Err(end) = out.send_head(session, ctx, plan.decode_url).await {
+        if let Err(end) = out.send_head(session, ctx, plan.decode).await {
             return end;
         }
         head_sent = true;
@@ -298,7 +299,7 @@ pub async fn relay(
             }
             out.end();
             if !plan.streaming {
-                return out.send_body(session, ctx, plan.decode_url).await;
+                return out.send_body(session, ctx, plan.decode).await;
             }
             if out.flush(session).await.is_err() || write_piece(session, None).await.is_err() {
                 return Attempt::ClientGone;
@@ -558,9 +559,9 @@ impl Output {
         &mut self,
         session: &mut Session,
         ctx: &mut RequestCtx,
-        decode_url: &str,
+        decode: &Worker,
     ) -> Result<(), Attempt> {
-        let head = stream_head(ctx, decode_url)
+        let head = stream_head(ctx, decode)
             .map_err(|e| Attempt::Refused(Reply::error(ErrorCode::InternalError, e.to_string())))?;
         crate::legs::relay::start_stream(session, ctx, head, 200)
             .await
@@ -583,10 +584,10 @@ impl Output {
         &mut self,
         session: &mut Session,
         ctx: &mut RequestCtx,
-        decode_url: &str,
+        decode: &Worker,
     ) -> Attempt {
         let body = Bytes::from(std::mem::take(&mut self.buf));
-        let reply = Reply::body(200, JSON, body).with_header("x-smg-routed-worker-id", decode_url);
+        let reply = crate::legs::relay::routed_to(Reply::body(200, JSON, body), decode);
         match reply::send(session, ctx, reply).await {
             Ok(()) => Attempt::Answered,
             Err(_) => Attempt::ClientGone,
@@ -652,12 +653,8 @@ fn fill_rows(tok: &Tokenizer, rows: &mut Vec<TokenLogprob>, lp: &OutputLogprobs,
     }
 }
 
-fn stream_head(ctx: &RequestCtx, decode_url: &str) -> pingora::Result<ResponseHeader> {
-    let mut h = ResponseHeader::build(200, Some(6))?;
-    h.insert_header("content-type", SSE)?;
-    h.insert_header("cache-control", "no-cache")?;
-    h.insert_header("transfer-encoding", "chunked")?;
-    h.insert_header("x-smg-routed-worker-id", decode_url)?;
-    h.insert_header("x-request-id", ctx.request_id.as_str())?;
-    Ok(h)
+fn stream_head(ctx: &RequestCtx, decode: &Worker) -> pingora::Result<ResponseHeader> {
+    let mut h = Head::new(200, 5)?;
+    crate::legs::relay::stream_headers(&mut h, ctx, decode);
+    Ok(h.finish())
 }

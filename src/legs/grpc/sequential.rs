@@ -100,13 +100,9 @@ pub async fn attempt(
         _ => None,
     };
     let handoff = handoff_key.map(|(kind, id)| {
-        let h = gw.ledger.open(
-            kind,
-            &id,
-            &ctx.request_id,
-            pair.prefill.url(),
-            pair.decode.url(),
-        );
+        let h = gw
+            .ledger
+            .open(kind, &id, &ctx.request_id, &pair.prefill, &pair.decode);
         *slot = Some(h.clone());
         h
     });
