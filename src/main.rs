@@ -95,7 +95,7 @@ fn main() -> ExitCode {
 }
 
 fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
-    keep_freed_memory();
+    tune_malloc();
     init_logging(&loaded);
     for notice in &loaded.notices {
         log::warn!("{notice}");
@@ -116,23 +116,57 @@ fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
     }
 }
 
-/// glibc's allocator, tuned for a proxy whose buffers come and go by the request: bodies up to
-/// 4 MiB come from the heap rather than each being a fresh `mmap` (their pages faulted in again
-/// on every request), and up to 64 MiB freed at the top of a heap stays there instead of being
-/// handed back to the kernel and faulted in by the next body. Measured on 256 KiB prompts:
-/// page faults and `madvise` were 12% of the gateway's CPU (bench/README). The cost: memory
-/// freed after a burst is kept for the next one. An operator's own `GLIBC_TUNABLES` for malloc
-/// wins.
-fn keep_freed_memory() {
+/// glibc's allocator, tuned for a proxy whose buffers come and go by the request (see "The
+/// allocator" in docs/architecture.md):
+///
+/// * bodies up to 4 MiB come from the heap rather than each being a fresh `mmap` (their pages
+///   faulted in again on every request), and up to 64 MiB freed at the top of a heap stays
+///   there instead of being handed back to the kernel and faulted in by the next body. Measured
+///   on 256 KiB prompts: page faults and `madvise` were 12% of the gateway's CPU (bench/README).
+///   The cost: memory freed after a burst is kept for the next one.
+/// * each thread's cache of freed small chunks (tcache) holds 32 of a size, not 7. A request
+///   frees more than 7 chunks of several sizes; past the cache they go to the fastbins, which
+///   the next allocation over 1 KiB (a body, a leg's request) consolidates: ~2.5% of the
+///   gateway's CPU in `malloc_consolidate` alone, and 7% of its CPU per request in all
+///   (bench/README, "Round 2, fifth part"). At most 32 chunks of each size under 1 KiB stay
+///   cached per thread, ~1 MiB.
+///
+/// The tcache's size can only be set through `GLIBC_TUNABLES` when the process starts, so
+/// pdgate sets it there and re-executes itself once, before any thread exists (same pid,
+/// arguments and descriptors). An operator's own `glibc.malloc.*` tunables win and turn all of
+/// this off; without the re-execution (it failed), the first two are set with `mallopt`.
+fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let tuned = std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc."));
-        if !tuned {
-            // SAFETY: mallopt only sets allocator parameters; called before any thread starts.
-            unsafe {
-                libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
-                libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
-            }
+        use std::os::unix::process::CommandExt;
+        const MMAP_THRESHOLD: usize = 4 << 20;
+        const TRIM_THRESHOLD: usize = 64 << 20;
+        const TCACHE_COUNT: usize = 32;
+        let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if current.contains("glibc.malloc.") {
+            // The operator's, or ours after the re-execution.
+            return;
+        }
+        let ours = format!(
+            "glibc.malloc.tcache_count={TCACHE_COUNT}:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.trim_threshold={TRIM_THRESHOLD}"
+        );
+        let tunables = if current.is_empty() {
+            ours
+        } else {
+            format!("{current}:{ours}")
+        };
+        let mut args = std::env::args_os();
+        let err = std::process::Command::new("/proc/self/exe")
+            .arg0(args.next().unwrap_or_default())
+            .args(args)
+            .env("GLIBC_TUNABLES", tunables)
+            .exec();
+        // `exec` returns only when it failed: go on with what `mallopt` can set.
+        eprintln!("pdgate: could not re-execute with malloc tunables ({err}); going on without the larger tcache");
+        // SAFETY: mallopt only sets allocator parameters; no other thread exists yet.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as i32);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as i32);
         }
     }
 }

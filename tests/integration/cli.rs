@@ -202,3 +202,32 @@ async fn the_demo_config_serves_a_request() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// The gateway runs with a larger glibc tcache, set by re-executing itself once at start (same
+/// pid, same arguments); an operator's own `glibc.malloc.*` tunables win. (glibc shows only the
+/// first tunable of the variable in `/proc/<pid>/environ`: ours puts the tcache first.)
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_tunes_malloc_unless_the_operator_did() {
+    fn tunables(gw: &Gateway) -> String {
+        let env = std::fs::read(format!("/proc/{}/environ", gw.pid())).unwrap();
+        env.split(|b| *b == 0)
+            .find_map(|e| e.strip_prefix(b"GLIBC_TUNABLES="))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default()
+    }
+    let ours = Gateway::start(&[], "").await;
+    assert!(
+        tunables(&ours).starts_with("glibc.malloc.tcache_count=32"),
+        "GLIBC_TUNABLES={:?}\n{}",
+        tunables(&ours),
+        ours.log()
+    );
+    let theirs = Gateway::start_with_env(
+        &[],
+        "",
+        &[("GLIBC_TUNABLES", "glibc.malloc.tcache_count=7")],
+    )
+    .await;
+    assert_eq!(tunables(&theirs), "glibc.malloc.tcache_count=7");
+}
