@@ -5,7 +5,8 @@
 //! Validation is exactly `serde_json::from_slice::<serde_json::Value>`'s (UTF-8, syntax, escapes,
 //! number range, recursion limit, trailing characters) but builds no `Value`: a zero-sized
 //! validating visitor walks the document, then a second pass over the object records each entry's
-//! key and raw value range. Both passes allocate nothing but the keys.
+//! key and raw value range. Both passes allocate nothing but the entry list (and a key longer
+//! than [`Key`] holds inline).
 
 use std::fmt;
 use std::ops::Range;
@@ -25,11 +26,100 @@ pub struct TopLevel {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     /// The key, unescaped (so `"str\u0065am"` is `stream`).
-    pub key: String,
+    pub key: Key,
     /// Index of the key's opening quote in the scanned bytes.
     pub key_start: usize,
     /// The raw value bytes, without surrounding whitespace.
     pub value: Range<usize>,
+}
+
+/// An object key, unescaped. The keys of the APIs' bodies fit inline (up to 22 bytes:
+/// `max_completion_tokens`, `kv_transfer_params`), so scanning a request allocates none; a
+/// longer one is boxed. The size of a `String`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Key {
+    Inline { len: u8, bytes: [u8; KEY_INLINE] },
+    Heap(Box<str>),
+}
+
+const KEY_INLINE: usize = 22;
+
+impl Key {
+    pub fn new(s: &str) -> Key {
+        if s.len() <= KEY_INLINE {
+            let mut bytes = [0u8; KEY_INLINE];
+            bytes[..s.len()].copy_from_slice(s.as_bytes());
+            Key::Inline {
+                len: s.len() as u8,
+                bytes,
+            }
+        } else {
+            Key::Heap(s.into())
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            // The first `len` bytes are a copy of a `&str`, so they are UTF-8.
+            Key::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            Key::Heap(s) => s,
+        }
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl PartialEq<str> for Key {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Key {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<Key> for &str {
+    fn eq(&self, other: &Key) -> bool {
+        *self == other.as_str()
+    }
+}
+
+impl PartialEq<Key> for String {
+    fn eq(&self, other: &Key) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Key, E> {
+                Ok(Key::new(s))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
 }
 
 /// Why a body is not a usable JSON object.
@@ -210,7 +300,7 @@ impl<'de> Visitor<'de> for EntriesVisitor<'_> {
             .ok_or_else(|| de::Error::custom("object without `{`"))?;
         let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8).min(64));
         let mut prev_end = open + 1;
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(key) = map.next_key::<Key>()? {
             let raw: &'de RawValue = map.next_value()?;
             let text = raw.get().as_bytes();
             let start = (text.as_ptr() as usize)
@@ -244,6 +334,21 @@ mod tests {
 
     fn keys(top: &TopLevel) -> Vec<&str> {
         top.entries().iter().map(|e| e.key.as_str()).collect()
+    }
+
+    #[test]
+    fn keys_are_inline_up_to_22_bytes_and_unescaped() {
+        let body = br#"{"max_completion_tokens":1,"str\u0065am":true,"spaces_between_special_tokens":false}"#;
+        let top = scan_object(body).unwrap();
+        let e = top.entries();
+        assert!(matches!(e[0].key, Key::Inline { .. }));
+        assert_eq!(e[0].key, "max_completion_tokens");
+        assert_eq!(e[1].key, "stream");
+        assert!(matches!(e[2].key, Key::Heap(_)));
+        assert_eq!(e[2].key.as_str(), "spaces_between_special_tokens");
+        assert_eq!(Key::new(""), "");
+        assert_eq!(Key::new("é"), "é");
+        assert_eq!(format!("{:?}", Key::new("a\"b")), r#""a\"b""#);
     }
 
     #[test]

@@ -114,7 +114,7 @@ impl BodyDecoder {
                     if buf.is_empty() {
                         break;
                     }
-                    push(&mut first, &mut joined, buf.split().freeze());
+                    push(&mut first, &mut joined, buf.split().freeze(), 0);
                     break;
                 }
                 State::Remaining(n) => {
@@ -122,7 +122,8 @@ impl BodyDecoder {
                         break;
                     }
                     let take = take_len(n, buf.len());
-                    push(&mut first, &mut joined, buf.split_to(take).freeze());
+                    let piece = buf.split_to(take).freeze();
+                    push(&mut first, &mut joined, piece, buf.len());
                     let left = n - take as u64;
                     self.state = if left == 0 {
                         State::Done
@@ -138,7 +139,8 @@ impl BodyDecoder {
                         break;
                     }
                     let take = take_len(n, buf.len());
-                    push(&mut first, &mut joined, buf.split_to(take).freeze());
+                    let piece = buf.split_to(take).freeze();
+                    push(&mut first, &mut joined, piece, buf.len());
                     let left = n - take as u64;
                     if left != 0 {
                         self.state = State::Data(left);
@@ -212,14 +214,18 @@ fn take_len(want: u64, have: usize) -> usize {
     usize::try_from(want).map_or(have, |w| w.min(have))
 }
 
-fn push(first: &mut Option<Bytes>, joined: &mut Option<BytesMut>, piece: Bytes) {
+/// Adds one decoded piece to the output: the first is kept as is (no copy when a read holds one
+/// chunk); from the second on they are joined, in one buffer sized for everything that can
+/// still come out of this read (`rest`: the input bytes left after `piece`), so a read of many
+/// small chunks (an SSE burst) is joined without regrowing.
+fn push(first: &mut Option<Bytes>, joined: &mut Option<BytesMut>, piece: Bytes, rest: usize) {
     if piece.is_empty() {
         return;
     }
     if let Some(j) = joined.as_mut() {
         j.extend_from_slice(&piece);
     } else if let Some(f) = first.take() {
-        let mut j = BytesMut::with_capacity(f.len() + piece.len());
+        let mut j = BytesMut::with_capacity(f.len() + piece.len() + rest);
         j.extend_from_slice(&f);
         j.extend_from_slice(&piece);
         *joined = Some(j);
