@@ -9,7 +9,7 @@
 //! chunk-size lines and trailers are bounded, sizes cannot overflow, CRLF is required where the
 //! grammar says so.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// Longest chunk-size line (size, extensions, CRLF) or trailer line accepted.
 pub const MAX_LINE: usize = 4096;
@@ -105,8 +105,21 @@ impl BodyDecoder {
     /// Consumes from `buf` all the framing and payload it holds and returns the payload (empty
     /// when `buf` holds no payload yet). Incomplete framing stays in `buf` for the next call.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Bytes, FramingError> {
-        let mut first: Option<Bytes> = None;
-        let mut joined: Option<BytesMut> = None;
+        let mut out = Collect::default();
+        self.run(buf, &mut out)?;
+        Ok(out.finish())
+    }
+
+    /// Like [`BodyDecoder::decode`], but the payload is dropped instead of handed out: how many
+    /// payload bytes were consumed. For a body read only to reach its end (a drained prefill):
+    /// nothing is split off the buffer or joined.
+    pub fn skip(&mut self, buf: &mut BytesMut) -> Result<usize, FramingError> {
+        let mut skipped = 0usize;
+        self.run(buf, &mut skipped)?;
+        Ok(skipped)
+    }
+
+    fn run(&mut self, buf: &mut BytesMut, out: &mut impl Payload) -> Result<(), FramingError> {
         loop {
             match self.state {
                 State::Done => break,
@@ -114,7 +127,7 @@ impl BodyDecoder {
                     if buf.is_empty() {
                         break;
                     }
-                    push(&mut first, &mut joined, buf.split().freeze(), 0);
+                    out.take(buf, buf.len());
                     break;
                 }
                 State::Remaining(n) => {
@@ -122,8 +135,7 @@ impl BodyDecoder {
                         break;
                     }
                     let take = take_len(n, buf.len());
-                    let piece = buf.split_to(take).freeze();
-                    push(&mut first, &mut joined, piece, buf.len());
+                    out.take(buf, take);
                     let left = n - take as u64;
                     self.state = if left == 0 {
                         State::Done
@@ -139,8 +151,7 @@ impl BodyDecoder {
                         break;
                     }
                     let take = take_len(n, buf.len());
-                    let piece = buf.split_to(take).freeze();
-                    push(&mut first, &mut joined, piece, buf.len());
+                    out.take(buf, take);
                     let left = n - take as u64;
                     if left != 0 {
                         self.state = State::Data(left);
@@ -158,7 +169,7 @@ impl BodyDecoder {
                     if &buf[..2] != b"\r\n" {
                         return Err(FramingError::MissingCrlf);
                     }
-                    let _ = buf.split_to(2);
+                    buf.advance(2);
                     self.state = State::Size;
                 }
                 State::Size => {
@@ -166,7 +177,7 @@ impl BodyDecoder {
                         break;
                     };
                     let size = parse_chunk_size(&buf[..end])?;
-                    let _ = buf.split_to(end + 2);
+                    buf.advance(end + 2);
                     self.state = if size == 0 {
                         State::Trailers(0)
                     } else {
@@ -181,7 +192,7 @@ impl BodyDecoder {
                     if seen > MAX_TRAILERS {
                         return Err(FramingError::LineTooLong);
                     }
-                    let _ = buf.split_to(end + 2);
+                    buf.advance(end + 2);
                     self.state = if end == 0 {
                         State::Done
                     } else {
@@ -190,11 +201,7 @@ impl BodyDecoder {
                 }
             }
         }
-        Ok(match (first, joined) {
-            (_, Some(j)) => j.freeze(),
-            (Some(f), None) => f,
-            (None, None) => Bytes::new(),
-        })
+        Ok(())
     }
 
     /// The connection reached end of file: `Ok` when that ends the body (`UntilClose`, or it
@@ -214,23 +221,58 @@ fn take_len(want: u64, have: usize) -> usize {
     usize::try_from(want).map_or(have, |w| w.min(have))
 }
 
-/// Adds one decoded piece to the output: the first is kept as is (no copy when a read holds one
-/// chunk); from the second on they are joined, in one buffer sized for everything that can
-/// still come out of this read (`rest`: the input bytes left after `piece`), so a read of many
-/// small chunks (an SSE burst) is joined without regrowing.
-fn push(first: &mut Option<Bytes>, joined: &mut Option<BytesMut>, piece: Bytes, rest: usize) {
-    if piece.is_empty() {
-        return;
+/// Where the decoder puts the payload it consumes: `take` removes `n` payload bytes from the
+/// front of `buf` (framing bytes are removed by the decoder itself, with `advance`, which never
+/// allocates).
+trait Payload {
+    fn take(&mut self, buf: &mut BytesMut, n: usize);
+}
+
+/// The payload handed out: the first piece is kept as split off the buffer (no copy when a read
+/// holds one chunk); from the second on they are joined, in one buffer sized for everything that
+/// can still come out of this read, so a read of many small chunks (an SSE burst) is joined
+/// without regrowing.
+#[derive(Default)]
+struct Collect {
+    first: Option<Bytes>,
+    joined: Option<BytesMut>,
+}
+
+impl Payload for Collect {
+    fn take(&mut self, buf: &mut BytesMut, n: usize) {
+        if n == 0 {
+            return;
+        }
+        if let Some(j) = self.joined.as_mut() {
+            j.extend_from_slice(&buf[..n]);
+            buf.advance(n);
+        } else if let Some(f) = self.first.take() {
+            let mut j = BytesMut::with_capacity(f.len() + buf.len());
+            j.extend_from_slice(&f);
+            j.extend_from_slice(&buf[..n]);
+            buf.advance(n);
+            self.joined = Some(j);
+        } else {
+            self.first = Some(buf.split_to(n).freeze());
+        }
     }
-    if let Some(j) = joined.as_mut() {
-        j.extend_from_slice(&piece);
-    } else if let Some(f) = first.take() {
-        let mut j = BytesMut::with_capacity(f.len() + piece.len() + rest);
-        j.extend_from_slice(&f);
-        j.extend_from_slice(&piece);
-        *joined = Some(j);
-    } else {
-        *first = Some(piece);
+}
+
+impl Collect {
+    fn finish(self) -> Bytes {
+        match (self.first, self.joined) {
+            (_, Some(j)) => j.freeze(),
+            (Some(f), None) => f,
+            (None, None) => Bytes::new(),
+        }
+    }
+}
+
+/// The payload dropped, counted.
+impl Payload for usize {
+    fn take(&mut self, buf: &mut BytesMut, n: usize) {
+        buf.advance(n);
+        *self += n;
     }
 }
 

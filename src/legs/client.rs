@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Version};
-use pdgate_filters::framing::{BodyDecoder, Framing};
+use pdgate_filters::framing::{BodyDecoder, Framing, FramingError};
 use pingora::connectors::{ConnectorOptions, TransportConnector};
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
@@ -543,34 +543,54 @@ impl OpenLeg {
     /// the next read when there is none); `None` at the end of the body. Cancel-safe: a read
     /// that is dropped loses nothing.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, LegError> {
-        let next = self.read_chunk().await;
+        let next = self
+            .read_payload(|d, buf| d.decode(buf).map(|out| (!out.is_empty()).then_some(out)))
+            .await;
+        self.trace_read(next.as_ref().map(|p| p.as_ref().map(Bytes::len)));
+        next
+    }
+
+    /// Like [`OpenLeg::next_chunk`] for a body read only to reach its end (a drained
+    /// prefill): the payload is dropped as it is decoded, nothing is split off or joined. The
+    /// number of payload bytes passed over; `None` at the end of the body.
+    pub async fn skip_chunk(&mut self) -> Result<Option<usize>, LegError> {
+        let next = self
+            .read_payload(|d, buf| d.skip(buf).map(|n| (n > 0).then_some(n)))
+            .await;
+        self.trace_read(next.as_ref().map(|n| *n));
+        next
+    }
+
+    fn trace_read(&mut self, read: Result<Option<usize>, &LegError>) {
         if let Some(span) = self.trace.as_deref_mut() {
-            match &next {
-                Ok(Some(piece)) => span.add_bytes(piece.len()),
+            match read {
+                Ok(Some(n)) => span.add_bytes(n),
                 Ok(None) => span.complete(),
                 Err(e) => span.http_failed(e),
             }
         }
-        next
     }
 
-    async fn read_chunk(&mut self) -> Result<Option<Bytes>, LegError> {
+    /// Decodes with `step` what has arrived, reading more until it yields payload or the body
+    /// ends (`None`).
+    async fn read_payload<T>(
+        &mut self,
+        step: impl Fn(&mut BodyDecoder, &mut BytesMut) -> Result<Option<T>, FramingError>,
+    ) -> Result<Option<T>, LegError> {
         loop {
             if self.decoder.is_done() {
                 return Ok(None);
             }
             self.take_waiting()?;
-            let out = self
-                .decoder
-                .decode(&mut self.buf)
+            let out = step(&mut self.decoder, &mut self.buf)
                 .map_err(|e| LegError::new(LegErrorKind::Body, e))?;
             // A buffer left empty is let go: an open stream waits for its next event holding
             // none (the piece handed out keeps what it needs until it is written).
             if self.buf.is_empty() {
                 self.buf = BytesMut::new();
             }
-            if !out.is_empty() {
-                return Ok(Some(out));
+            if out.is_some() {
+                return Ok(out);
             }
             if self.decoder.is_done() {
                 return Ok(None);

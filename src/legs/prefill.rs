@@ -351,17 +351,24 @@ async fn exchange(
         leg.set_max_read(DRAIN_READ_MAX);
     }
     loop {
-        match leg.next_chunk().await {
-            Ok(Some(c)) => {
-                if let Some(buf) = kept.as_mut() {
+        // A body nobody reads is passed over, not handed out piece by piece.
+        let read = match kept.as_mut() {
+            Some(buf) => leg.next_chunk().await.map(|c| {
+                c.map(|c| {
                     if buf.len() + c.len() <= job.body_limit {
                         buf.extend_from_slice(&c);
+                        true
                     } else {
-                        // Too big to merge: keep draining, deliver nothing.
-                        kept = None;
+                        false
                     }
-                }
-            }
+                })
+            }),
+            None => leg.skip_chunk().await.map(|n| n.map(|_| true)),
+        };
+        match read {
+            Ok(Some(true)) => {}
+            // Too big to merge: keep draining, deliver nothing.
+            Ok(Some(false)) => kept = None,
             Ok(None) => break,
             Err(e) => {
                 if let Some(tx) = body_tx {
