@@ -63,6 +63,12 @@ impl Head {
 /// `HeaderValue::from(u64)` makes two.
 pub fn number(n: u64) -> HeaderValue {
     let mut buf = [0u8; 20];
+    HeaderValue::from_str(decimal(n, &mut buf)).expect("digits are a valid header value")
+}
+
+/// `n` as decimal text, written into `buf` (for a header value or a metric label, without an
+/// allocation).
+pub fn decimal(n: u64, buf: &mut [u8; 20]) -> &str {
     let mut at = buf.len();
     let mut rest = n;
     loop {
@@ -73,7 +79,7 @@ pub fn number(n: u64) -> HeaderValue {
             break;
         }
     }
-    HeaderValue::from_bytes(&buf[at..]).expect("digits are a valid header value")
+    std::str::from_utf8(&buf[at..]).unwrap_or_default()
 }
 
 /// A header value from text that may not be one (an engine's, a URL): `None` when it has

@@ -21,11 +21,12 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
         .endpoint
         .as_ref()
         .map_or("unmatched", Endpoint::metric_path);
-    let status_label = status.to_string();
+    let mut status_buf = [0u8; 20];
+    let status_label = crate::head::decimal(u64::from(status), &mut status_buf);
     let method = session.req_header().method.as_str();
     METRICS
         .http_responses
-        .with_label_values(&[path_label, &status_label, ctx.error_code.unwrap_or("")])
+        .with_label_values(&[path_label, status_label, ctx.error_code.unwrap_or("")])
         .inc();
     METRICS
         .http_requests
