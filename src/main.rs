@@ -127,9 +127,9 @@ fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
 /// * each thread's cache of freed small chunks (tcache) holds 32 of a size, not 7. A request
 ///   frees more than 7 chunks of several sizes; past the cache they go to the fastbins, which
 ///   the next allocation over 1 KiB (a body, a leg's request) consolidates: ~2.5% of the
-///   gateway's CPU in `malloc_consolidate` and `unlink_chunk` alone, and 5–7% of its CPU per request in all
-///   (bench/README, "Round 2, fifth part"). At most 32 chunks of each size under 1 KiB stay
-///   cached per thread, ~1 MiB.
+///   gateway's CPU in `malloc_consolidate` and `unlink_chunk` alone, 5–7% of its CPU per
+///   request in all (bench/README, "Round 2, fifth part"). At most 32 chunks of each size
+///   under 1 KiB stay cached per thread, ~1 MiB.
 ///
 /// The tcache's size can only be set through `GLIBC_TUNABLES` when the process starts, so
 /// pdgate sets it there and re-executes itself once, before any thread exists (same pid,
