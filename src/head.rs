@@ -63,23 +63,8 @@ impl Head {
 /// `HeaderValue::from(u64)` makes two.
 pub fn number(n: u64) -> HeaderValue {
     let mut buf = [0u8; 20];
-    HeaderValue::from_str(decimal(n, &mut buf)).expect("digits are a valid header value")
-}
-
-/// `n` as decimal text, written into `buf` (for a header value or a metric label, without an
-/// allocation).
-pub fn decimal(n: u64, buf: &mut [u8; 20]) -> &str {
-    let mut at = buf.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&buf[at..]).unwrap_or_default()
+    HeaderValue::from_str(pdgate_filters::json::decimal(n, &mut buf))
+        .expect("digits are a valid header value")
 }
 
 /// A header value from text that may not be one (an engine's, a URL): `None` when it has

@@ -46,20 +46,26 @@ fn push_control_escape(out: &mut Vec<u8>, b: u8) {
     out.push(HEX[usize::from(b & 0xf)]);
 }
 
-/// Appends `n` as a JSON integer (exact decimal, never a float).
-pub fn push_u64(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
+/// `n` as decimal text, written into `buf` (no allocation): for JSON integers, header values and
+/// metric labels.
+pub fn decimal(n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut at = buf.len();
+    let mut rest = n;
     loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
+        at -= 1;
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
             break;
         }
     }
-    out.extend_from_slice(&digits[i..]);
+    std::str::from_utf8(&buf[at..]).unwrap_or_default()
+}
+
+/// Appends `n` as a JSON integer (exact decimal, never a float).
+pub fn push_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    out.extend_from_slice(decimal(n, &mut digits).as_bytes());
 }
 
 /// A JSON string literal for `s`, as a fresh buffer.

@@ -22,7 +22,7 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
         .as_ref()
         .map_or("unmatched", Endpoint::metric_path);
     let mut status_buf = [0u8; 20];
-    let status_label = crate::head::decimal(u64::from(status), &mut status_buf);
+    let status_label = pdgate_filters::json::decimal(u64::from(status), &mut status_buf);
     let method = session.req_header().method.as_str();
     METRICS
         .http_responses
