@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use pingora_prometheus::prometheus::IntGauge;
+use pingora_prometheus::prometheus::{IntCounter, IntGauge};
 
 use crate::config::{CircuitBreakerSettings, ResilienceOverrides};
 use crate::metrics::METRICS;
@@ -62,7 +62,17 @@ pub struct Breaker {
     phase: AtomicU8,
     counts: Mutex<Counts>,
     worker: String,
-    state_gauge: IntGauge,
+    /// This worker's series, resolved once: an outcome is recorded for every leg, and
+    /// `with_label_values` hashes the labels and takes the vector's lock each time.
+    series: Series,
+}
+
+struct Series {
+    state: IntGauge,
+    successes: IntCounter,
+    failures: IntCounter,
+    consecutive_failures: IntGauge,
+    consecutive_successes: IntGauge,
 }
 
 /// The global settings with a worker's `resilience` overrides applied.
@@ -93,8 +103,22 @@ pub fn settings_for(
 
 impl Breaker {
     pub fn new(settings: CircuitBreakerSettings, worker: &str) -> Breaker {
-        let state_gauge = METRICS.worker_cb_state.with_label_values(&[worker]);
-        state_gauge.set(0);
+        let series = Series {
+            state: METRICS.worker_cb_state.with_label_values(&[worker]),
+            successes: METRICS
+                .worker_cb_outcomes
+                .with_label_values(&[worker, "success"]),
+            failures: METRICS
+                .worker_cb_outcomes
+                .with_label_values(&[worker, "failure"]),
+            consecutive_failures: METRICS
+                .worker_cb_consecutive_failures
+                .with_label_values(&[worker]),
+            consecutive_successes: METRICS
+                .worker_cb_consecutive_successes
+                .with_label_values(&[worker]),
+        };
+        series.state.set(0);
         Breaker {
             settings,
             phase: AtomicU8::new(Phase::Closed as u8),
@@ -104,7 +128,7 @@ impl Breaker {
                 opened_at: None,
             }),
             worker: worker.to_string(),
-            state_gauge,
+            series,
         }
     }
 
@@ -153,15 +177,11 @@ impl Breaker {
     }
 
     pub fn record(&self, outcome: Outcome) {
-        let label = match outcome {
-            Outcome::Success => "success",
-            Outcome::Failure => "failure",
+        match outcome {
+            Outcome::Success => self.series.successes.inc(),
+            Outcome::Failure => self.series.failures.inc(),
             Outcome::Ignored => return,
-        };
-        METRICS
-            .worker_cb_outcomes
-            .with_label_values(&[self.worker.as_str(), label])
-            .inc();
+        }
         if !self.settings.enabled {
             return;
         }
@@ -192,19 +212,17 @@ impl Breaker {
             }
             Outcome::Ignored => {}
         }
-        METRICS
-            .worker_cb_consecutive_failures
-            .with_label_values(&[self.worker.as_str()])
+        self.series
+            .consecutive_failures
             .set(i64::from(c.consecutive_failures));
-        METRICS
-            .worker_cb_consecutive_successes
-            .with_label_values(&[self.worker.as_str()])
+        self.series
+            .consecutive_successes
             .set(i64::from(c.consecutive_successes));
     }
 
     fn transition(&self, from: Phase, to: Phase) {
         self.phase.store(to as u8, Ordering::Release);
-        self.state_gauge.set(to as i64);
+        self.series.state.set(to as i64);
         METRICS
             .worker_cb_transitions
             .with_label_values(&[self.worker.as_str(), from.as_str(), to.as_str()])
