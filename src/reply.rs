@@ -74,13 +74,17 @@ impl Reply {
         self
     }
 
-    /// Adds a header; a value that cannot be one (bytes a header cannot carry) is left out.
-    /// `name` is a lowercase literal.
+    /// Adds a header (off the hot path: admin answers, refusals, preflights); a name or value
+    /// that cannot be one is left out. The hot path's own headers go through
+    /// [`Reply::with_header_value`] with prebuilt names and values.
     pub fn with_header(self, name: &'static str, value: impl AsRef<str>) -> Reply {
-        match head::value(value.as_ref()) {
-            Some(v) => self.with_header_value(HeaderName::from_static(name), v),
-            None => {
-                log::debug!("reply header {name}: not a header value, left out");
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            head::value(value.as_ref()),
+        ) {
+            (Ok(n), Some(v)) => self.with_header_value(n, v),
+            _ => {
+                log::debug!("reply header {name}: not a header name and value, left out");
                 self
             }
         }
@@ -145,4 +149,21 @@ async fn send_now(
     session.write_response_header(Box::new(h), false).await?;
     let body = if head_only { Bytes::new() } else { reply.body };
     session.write_response_body(Some(body), true).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_that_cannot_be_written_are_left_out_never_a_panic() {
+        let r = Reply::text(200, "ok")
+            .with_header("Location", "/workers/1")
+            .with_header("allow", "GET, POST")
+            .with_header("x-bad", "a\nb")
+            .with_header("bad name", "v");
+        let names: Vec<_> = r.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["location", "allow"]);
+        assert_eq!(r.headers[0].1, "/workers/1");
+    }
 }
