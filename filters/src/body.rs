@@ -59,12 +59,16 @@ impl Key {
     }
 
     pub fn as_str(&self) -> &str {
+        // The bytes are a copy of a `&str`, so they are UTF-8.
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+
+    /// The key's bytes: what comparisons look at (a key is compared on every field lookup,
+    /// and bytes need no UTF-8 check).
+    pub fn as_bytes(&self) -> &[u8] {
         match self {
-            // The first `len` bytes are a copy of a `&str`, so they are UTF-8.
-            Key::Inline { len, bytes } => {
-                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
-            }
-            Key::Heap(s) => s,
+            Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Key::Heap(s) => s.as_bytes(),
         }
     }
 }
@@ -84,25 +88,25 @@ impl fmt::Debug for Key {
 
 impl PartialEq<str> for Key {
     fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
+        self.as_bytes() == other.as_bytes()
     }
 }
 
 impl PartialEq<&str> for Key {
     fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
+        self.as_bytes() == other.as_bytes()
     }
 }
 
 impl PartialEq<Key> for &str {
     fn eq(&self, other: &Key) -> bool {
-        *self == other.as_str()
+        self.as_bytes() == other.as_bytes()
     }
 }
 
 impl PartialEq<Key> for String {
     fn eq(&self, other: &Key) -> bool {
-        self.as_str() == other.as_str()
+        self.as_bytes() == other.as_bytes()
     }
 }
 
