@@ -198,8 +198,9 @@ mod tests {
     #[test]
     fn an_entry_closes_when_the_last_holder_drops() {
         let ledger = Ledger::new();
-        let p = Worker::for_test("http://p", crate::config::WorkerType::Prefill);
-        let d = Worker::for_test("http://d", crate::config::WorkerType::Decode);
+        use crate::config::{WorkerSpec, WorkerType};
+        let p = Worker::for_test(WorkerSpec::new("http://p", WorkerType::Prefill));
+        let d = Worker::for_test(WorkerSpec::new("http://d", WorkerType::Decode));
         let h = ledger.open(Kind::Room, 42u64, "req-1", &p, &d);
         let drain = h.clone();
         assert_eq!(ledger.open_count(), 1);

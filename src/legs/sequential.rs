@@ -376,8 +376,6 @@ pub(crate) async fn finish(
 mod tests {
     use super::*;
     use crate::config::{WorkerSpec, WorkerType};
-    use crate::workers::worker::WorkerDefaults;
-    use crate::workers::WorkerAddress;
 
     fn worker(
         url: &str,
@@ -391,16 +389,7 @@ mod tests {
         if let Some(l) = dp_label {
             spec.labels.insert(label::DP_SIZE.into(), l.into());
         }
-        let address = WorkerAddress::parse(url).unwrap();
-        let defaults = WorkerDefaults::from_config(&crate::config::GatewayConfig::default());
-        Worker::new(
-            "id".into(),
-            spec,
-            address,
-            "127.0.0.1:1".parse().unwrap(),
-            &defaults,
-            crate::workers::worker::Origin::Config,
-        )
+        Worker::for_test(spec)
     }
 
     use std::sync::Arc;

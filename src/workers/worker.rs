@@ -288,14 +288,16 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker with default settings at `url` (unit tests).
+    /// A worker made from `spec` with the default settings, at a socket nothing listens on
+    /// (unit tests that never send it a leg).
     #[cfg(test)]
-    pub fn for_test(url: &str, role: WorkerType) -> Arc<Worker> {
+    pub fn for_test(spec: WorkerSpec) -> Arc<Worker> {
         let defaults = WorkerDefaults::from_config(&crate::config::GatewayConfig::default());
+        let address = WorkerAddress::parse(&spec.url).expect("a test worker URL");
         Worker::new(
             "id".into(),
-            WorkerSpec::new(url, role),
-            WorkerAddress::parse(url).expect("a test worker URL"),
+            spec,
+            address,
             "127.0.0.1:1".parse().expect("an address"),
             &defaults,
             Origin::Config,
@@ -807,19 +809,6 @@ mod tests {
         }
     }
 
-    fn worker(spec: WorkerSpec) -> Arc<Worker> {
-        let address = WorkerAddress::parse(&spec.url).unwrap();
-        let defaults = WorkerDefaults::from_config(&crate::config::GatewayConfig::default());
-        Worker::new(
-            "id".into(),
-            spec,
-            address,
-            "127.0.0.1:1".parse().unwrap(),
-            &defaults,
-            Origin::Config,
-        )
-    }
-
     fn reported() -> Discovered {
         Discovered {
             runtime: RuntimeType::Vllm,
@@ -846,7 +835,7 @@ mod tests {
         let mut spec = WorkerSpec::new("grpc://p:1", WorkerType::Prefill);
         spec.labels.insert("kv_cache_dtype".into(), "fp8".into());
         spec.labels.insert("context_length".into(), "4096".into());
-        let w = worker(spec);
+        let w = Worker::for_test(spec);
         assert_eq!(w.kv_connector(), None);
         assert_eq!(w.running_window(), None);
         w.set_discovered(reported());
@@ -885,12 +874,12 @@ mod tests {
             // A decode that reports its window is asked nothing more over HTTP.
             spec.labels
                 .insert("max_running_requests".into(), "8".into());
-            let w = worker(spec.clone());
+            let w = Worker::for_test(spec.clone());
             // Over HTTP a declared runtime and model need no discovery; gRPC always asks.
             assert_eq!(w.needs_discovery(), w.is_grpc(), "{url}");
             // Without a window, an HTTP decode is asked for its running window.
             spec.labels.clear();
-            assert!(worker(spec).needs_discovery(), "{url}");
+            assert!(Worker::for_test(spec).needs_discovery(), "{url}");
             w.set_discovered(reported());
             assert_eq!(w.runtime(), want, "{url}");
         }
@@ -898,12 +887,12 @@ mod tests {
 
     #[test]
     fn the_engine_id_is_re_read_unless_registered() {
-        let w = worker(WorkerSpec::new("grpc://p:1", WorkerType::Prefill));
+        let w = Worker::for_test(WorkerSpec::new("grpc://p:1", WorkerType::Prefill));
         w.set_discovered(reported());
         w.set_engine_id(Some("engine-b".into()));
         assert_eq!(w.kv_engine_id().as_deref(), Some("engine-b"));
         // A re-registration (PATCH) keeps the id as last read.
-        let again = worker(WorkerSpec::new("grpc://p:1", WorkerType::Prefill));
+        let again = Worker::for_test(WorkerSpec::new("grpc://p:1", WorkerType::Prefill));
         again.inherit_state(&w);
         assert_eq!(again.kv_engine_id().as_deref(), Some("engine-b"));
         w.set_engine_id(None);
@@ -911,7 +900,7 @@ mod tests {
 
         let mut spec = WorkerSpec::new("http://p:1", WorkerType::Prefill);
         spec.kv_engine_id = Some("pinned".into());
-        let http = worker(spec);
+        let http = Worker::for_test(spec);
         http.set_engine_id(Some("other".into()));
         assert_eq!(http.kv_engine_id().as_deref(), Some("pinned"));
     }
