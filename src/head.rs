@@ -21,16 +21,24 @@ const ADDED_BY_PINGORA: usize = 2;
 /// A response head under construction.
 pub struct Head(http::response::Parts);
 
+/// A response head with `status` and no headers (its map allocates nothing until one is
+/// added): what a head is built from, here and in the legs' parser.
+pub fn bare(status: StatusCode) -> http::response::Parts {
+    let mut parts = http::Response::new(()).into_parts().0;
+    parts.status = status;
+    parts
+}
+
 impl Head {
     /// A head with room for `headers` headers (and Pingora's own).
     pub fn new(status: u16, headers: usize) -> pingora::Result<Head> {
-        let mut parts = http::Response::new(()).into_parts().0;
-        parts.status = StatusCode::from_u16(status).map_err(|_| {
+        let status = StatusCode::from_u16(status).map_err(|_| {
             pingora::Error::explain(
                 pingora::ErrorType::InvalidHTTPHeader,
                 format!("invalid status {status}"),
             )
         })?;
+        let mut parts = bare(status);
         parts.headers.reserve(headers + ADDED_BY_PINGORA);
         Ok(Head(parts))
     }
@@ -49,7 +57,7 @@ impl Head {
         if id.is_empty() {
             return;
         }
-        if let Ok(v) = HeaderValue::from_str(id) {
+        if let Some(v) = value(id) {
             self.insert(X_REQUEST_ID, v);
         }
     }

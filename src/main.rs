@@ -116,8 +116,8 @@ fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
     }
 }
 
-/// glibc's allocator, tuned for a proxy whose buffers come and go by the request (see "The
-/// allocator" in docs/architecture.md):
+/// glibc's allocator, tuned for a proxy whose buffers come and go by the request (see "glibc
+/// keeps freed memory" in docs/architecture.md):
 ///
 /// * bodies up to 4 MiB come from the heap rather than each being a fresh `mmap` (their pages
 ///   faulted in again on every request), and up to 64 MiB freed at the top of a heap stays

@@ -375,9 +375,9 @@ fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
         Version::HTTP_11
     };
     // No case-preserving name map: the client never sees these names as sent.
-    let mut parts = http::Response::new(()).into_parts().0;
-    parts.status =
-        http::StatusCode::from_u16(status).map_err(|_| bad(format!("bad status {status}")))?;
+    let mut parts = crate::head::bare(
+        http::StatusCode::from_u16(status).map_err(|_| bad(format!("bad status {status}")))?,
+    );
     parts.version = version;
     let mut chunked = false;
     let mut other_coding = false;
@@ -506,9 +506,7 @@ impl OpenLeg {
     /// Frees the response head's headers (a streamed leg relays for minutes once its head has
     /// been turned into the client's): afterwards [`OpenLeg::head`] has the status only.
     pub fn shed_head(&mut self) {
-        let mut bare = http::Response::new(()).into_parts().0;
-        bare.status = self.head.status;
-        self.head = ResponseHeader::from(bare);
+        self.head = ResponseHeader::from(crate::head::bare(self.head.status));
     }
 
     /// The response head.
@@ -645,7 +643,7 @@ impl OpenLeg {
 
     /// One read of about `want` bytes onto the buffer, within the stall deadline: the bytes read
     /// and the room they were read into. A buffer that holds no memory (let go once empty, see
-    /// `read_chunk`) gets only what arrived, through [`crate::scratch`]; otherwise the
+    /// `read_payload`) gets only what arrived, through [`crate::scratch`]; otherwise the
     /// read goes to the buffer's spare room.
     async fn fill(&mut self, want: usize) -> Result<(usize, usize), LegError> {
         let limit = self.read_timeout;

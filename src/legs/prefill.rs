@@ -351,25 +351,27 @@ async fn exchange(
         leg.set_max_read(DRAIN_READ_MAX);
     }
     loop {
-        // A body nobody reads is passed over, not handed out piece by piece.
-        let read = match kept.as_mut() {
-            Some(buf) => leg.next_chunk().await.map(|c| {
-                c.map(|c| {
-                    if buf.len() + c.len() <= job.body_limit {
-                        buf.extend_from_slice(&c);
-                        true
-                    } else {
-                        false
-                    }
-                })
-            }),
-            None => leg.skip_chunk().await.map(|n| n.map(|_| true)),
+        // Whether more of the body came. One nobody reads is passed over, not handed out
+        // piece by piece.
+        let more = match kept.as_mut() {
+            None => leg.skip_chunk().await.map(|n| n.is_some()),
+            Some(buf) => match leg.next_chunk().await {
+                Ok(Some(c)) if buf.len() + c.len() <= job.body_limit => {
+                    buf.extend_from_slice(&c);
+                    Ok(true)
+                }
+                // Too big to merge: keep draining, deliver nothing.
+                Ok(Some(_)) => {
+                    kept = None;
+                    Ok(true)
+                }
+                Ok(None) => Ok(false),
+                Err(e) => Err(e),
+            },
         };
-        match read {
-            Ok(Some(true)) => {}
-            // Too big to merge: keep draining, deliver nothing.
-            Ok(Some(false)) => kept = None,
-            Ok(None) => break,
+        match more {
+            Ok(true) => {}
+            Ok(false) => break,
             Err(e) => {
                 if let Some(tx) = body_tx {
                     let _ = tx.send(Err(e.clone()));

@@ -402,15 +402,13 @@ async fn relay_whole(
         None => {
             let mut r = Reply::body(status, JSON, body);
             let head = leg.head();
-            if let Some(ct) = head.headers.get(http::header::CONTENT_TYPE) {
+            // The engine's content type, when it sent one, goes with its other headers.
+            if head.headers.contains_key(http::header::CONTENT_TYPE) {
                 r.content_type = "";
-                r.headers.push((http::header::CONTENT_TYPE, ct.clone()));
             }
             for (name, value) in head.headers.iter() {
                 let n = name.as_str();
-                if !HOP_BY_HOP.contains(&n)
-                    && !matches!(n, "content-length" | "content-type" | "date" | "server")
-                {
+                if !HOP_BY_HOP.contains(&n) && !matches!(n, "content-length" | "date" | "server") {
                     r.headers.push((name.clone(), value.clone()));
                 }
             }
