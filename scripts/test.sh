@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Incremental state is a third of a debug build's footprint and buys a one-shot CI run nothing;
+# a developer iterating can set CARGO_INCREMENTAL=1 (README, "Disk").
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo test --workspace --locked "$@"
