@@ -3,7 +3,7 @@
 it up (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, the HF `tojson`,
 `raise_exception`, `strftime_now`, `{% generation %}`), and writes expected/<name>.txt.
 
-These files are the goldens of tests/templates.rs: pdgate's minijinja renderer must produce the
+These files are the goldens of tests/suite/templates.rs: pdgate's minijinja renderer must produce the
 same bytes as the reference renderer. Messages are reshaped the way the crate documents (text
 parts joined with a space for "string" templates, tool-call argument strings parsed) before
 rendering, so the goldens compare the renderers, not the reshaping.

@@ -1,7 +1,7 @@
 //! vLLM PD over HTTP: NIXL relay, Mooncake push, MoRI-IO READ/WRITE, and the validations and
 //! fallbacks that turn a gateway's mistakes into visible failures.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The streaming side, behaviour by behaviour: the incremental detokenizer on split characters
 //! and SentencePiece spaces, and the stop decoder's withholding, trimming, latching and flushing.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,10 +1,10 @@
 //! Measurements, not assertions (the numbers depend on the machine). Run in release:
 //!
 //! ```text
-//! cargo test -p pdgate-tokenize --release --test speed -- --ignored --nocapture
+//! cargo test -p pdgate-tokenize --release --test suite -- speed:: --ignored --nocapture
 //! ```
 
-mod common;
+use crate::common;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Loading model directories as SMG's `--model-path` / `--tokenizer-path` / `--chat-template` do,
 //! and the errors a broken directory gives (each names the file and what is wrong).
 
-mod common;
+use crate::common;
 
 use common::TempDir;
 use pdgate_tokenize::{fixture, ChatInput, ContentFormat, ModelSource, Tokenizer};

@@ -3,7 +3,7 @@
 //! decoder's output equals a reference "cut at the first stop" of the full text however the text
 //! is split into tokens and however the tokens are batched. `PROPTEST_CASES=N` for longer runs.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! SGLang PD over HTTP: the rendezvous is real, so correct legs reproduce the single-worker
 //! output and broken legs fail the way SGLang does.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

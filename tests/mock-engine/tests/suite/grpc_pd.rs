@@ -2,7 +2,7 @@
 //! gets exactly the single-worker reference; broken legs fail the way the engines' servicers
 //! fail. Also the per-engine wire rules, header timing, `Abort`, faults and the info RPCs.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! real-world-shaped templates (Llama 3.1, Qwen 2.5, Qwen 3, a content-parts template, and a
 //! sampler of Python-isms and `tojson` options).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! expands wrongly fails loudly. The mocks read features back from the wire on their own
 //! (`mock_engine::vision`); the tests predict them from the colours they encode.
 
-mod common;
+use crate::common;
 
 use std::io::Cursor;
 use std::ops::Range;
