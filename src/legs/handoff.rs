@@ -83,11 +83,12 @@ pub fn account(settings: &Settings, ctx: &RequestCtx, pair: &Pair, outcome: &Att
     let link = match outcome {
         Attempt::Answered | Attempt::EndedWithError(_) => match ctx.kv_verdict {
             KvVerdict::Recomputed { tokens } => {
-                count("recomputed", ctx);
+                // The tokens first: a scrape that sees the outcome then sees its tokens too.
                 METRICS
                     .pd_recomputed_prompt_tokens
                     .with_label_values(&[ctx.connector.unwrap_or("unknown")])
                     .inc_by(tokens);
+                count("recomputed", ctx);
                 LinkOutcome::Recomputed
             }
             KvVerdict::Transferred => {

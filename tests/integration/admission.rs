@@ -117,14 +117,24 @@ async fn a_slot_is_released_however_its_decode_leg_ends() {
             .await,
         "the dropped prefill was not aborted"
     );
-    // 3. The prefill refused the leg (the decode was waiting for KV).
-    refuse_next_generate(&p, mock_engine::GrpcCode::InvalidArgument, None).await;
+    // 3. The prefill refused the leg (the decode was waiting for KV). Refused until reset, not
+    // once: step 2's dropped prefill call, when it went out, can still reach the engine after its
+    // Abort (the engine serves each call in its own task; seen on a loaded machine), and a
+    // one-shot refusal would go to that call instead of this request's.
+    p.inject(Fault::GrpcStatus {
+        code: GrpcCode::InvalidArgument,
+        message: None,
+        count: None,
+        matcher: Default::default(),
+    })
+    .await;
     assert_eq!(
         gw.post("/v1/chat/completions", &chat(2, false))
             .await
             .status,
         400
     );
+    p.reset().await;
     assert_eq!(d.wait_records(3, Duration::from_secs(5)).await.len(), 3);
     // 4. The decode failed mid-stream.
     d.inject(Fault::FailAfterTokens {
