@@ -8,7 +8,7 @@ use std::time::Duration;
 use mock_engine::{EngineKind, Fault, GrpcCode, MockEngine, MockEngineConfig, Role};
 use serde_json::json;
 
-use crate::grpc_pd::{model_dir, refuse_next_generate, vocab};
+use crate::grpc_pd::{model_dir, refuse_generate, refuse_next_generate, vocab};
 use crate::harness::Gateway;
 use crate::http_admission::{a_client_leaving_claims_no_slot, chat, counter, occupy};
 
@@ -121,13 +121,7 @@ async fn a_slot_is_released_however_its_decode_leg_ends() {
     // once: step 2's dropped prefill call, when it went out, can still reach the engine after its
     // Abort (the engine serves each call in its own task; seen on a loaded machine), and a
     // one-shot refusal would go to that call instead of this request's.
-    p.inject(Fault::GrpcStatus {
-        code: GrpcCode::InvalidArgument,
-        message: None,
-        count: None,
-        matcher: Default::default(),
-    })
-    .await;
+    refuse_generate(&p, GrpcCode::InvalidArgument, None, None).await;
     assert_eq!(
         gw.post("/v1/chat/completions", &chat(2, false))
             .await

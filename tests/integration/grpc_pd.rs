@@ -236,10 +236,20 @@ pub(crate) async fn refuse_next_generate(
     code: mock_engine::GrpcCode,
     message: Option<&str>,
 ) {
+    refuse_generate(e, code, message, Some(1)).await;
+}
+
+/// Makes `e` refuse `count` `Generate` calls (`None`: every one until `reset()`) with `code`.
+pub(crate) async fn refuse_generate(
+    e: &MockEngine,
+    code: mock_engine::GrpcCode,
+    message: Option<&str>,
+    count: Option<u32>,
+) {
     e.inject(mock_engine::Fault::GrpcStatus {
         code,
         message: message.map(str::to_string),
-        count: Some(1),
+        count,
         matcher: Default::default(),
     })
     .await;
