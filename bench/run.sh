@@ -38,6 +38,11 @@
 # (~85 µs per call), as before. `modeled`, the gRPC modes and the open-stream run always use
 # mock-engine (they need its timing and its gRPC side).
 #
+# Floor (FLOOR, default 1; 0 skips it): in the canned-fast sweep, `pdgate-bench floor-proxy` runs as
+# one more target on the gateways' engines — the least a PD gateway can do per request (splice the
+# bootstrap fields, both legs at once, the decode's answer back in one write; bench/src/floor.rs) —
+# and results/ratio.md gets its column: what the wire alone costs on this machine in this run.
+#
 # Modes: canned, modeled (HTTP engines); grpc-canned, grpc-modeled: the same HTTP engines and
 # pdgate on them (target `pdgate-http`, and PEER_CMD's peer), plus two gRPC SGLang mocks with
 # pdgate on them (`pdgate-grpc`, the subject of the tables) and PEER_GRPC_CMD's peer
@@ -81,6 +86,7 @@ NO_PEER=${NO_PEER:-0}
 SMG_VENV=${SMG_VENV:-$ROOT/bench/.venv-smg}
 SMG_VERSION=1.13.0
 ENGINES=${ENGINES:-canned-fast}
+FLOOR=${FLOOR:-1}
 PEER_GRPC_CMD=${PEER_GRPC_CMD:-}
 PDGATE_ALT=${PDGATE_ALT:-}
 PDGATE_ALT_YAML=${PDGATE_ALT_YAML:-}
@@ -169,6 +175,20 @@ start_grpc_mock() {
   MOCK_PID=$!
   PIDS+=("$MOCK_PID")
   wait_http "http://127.0.0.1:$ctl/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
+}
+
+# start_floor NAME PORT PREFILL_PORT BOOTSTRAP DECODE_PORT: `pdgate-bench floor-proxy`, the least a
+# PD gateway can do per request (bench/src/floor.rs), on the gateways' engines; sets FLOOR_PID.
+start_floor() {
+  local name=$1 port=$2
+  port_free "$port" || die "port $port is busy (set PORT_BASE)"
+  "$BIN/pdgate-bench" floor-proxy --listen "127.0.0.1:$port" --prefill "127.0.0.1:$3" \
+    --bootstrap-port "$4" --decode "127.0.0.1:$5" --threads 2 >"$OUT/logs/$name.log" 2>&1 &
+  FLOOR_PID=$!
+  PIDS+=("$FLOOR_PID")
+  wait_http "http://127.0.0.1:$port/v1/chat/completions" \
+    '{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' \
+    || die "floor-proxy did not answer (see $OUT/logs/$name.log)"
 }
 
 # start_pd_pdgate NAME PORT PREFILL_URL BOOTSTRAP DECODE_URL [EXTRA_YAML]: pdgate on one prefill +
@@ -297,6 +317,10 @@ for mode in $MODES; do
   start_peer "$mode-$PEER_NAME" $((base + 12)) "$http:$((base + 2))" $((base + 4)) \
     "$http:$((base + 3))" "$PEER_CMD"
   [[ -z $PEER_PID ]] || gateways+=("$PEER_NAME=$http:$((base + 12)),pid=$PEER_PID")
+  if [[ $mode == canned-fast && $FLOOR == 1 ]]; then
+    start_floor "$mode-floor" $((base + 18)) $((base + 2)) $((base + 4)) $((base + 3))
+    gateways+=("floor=$http:$((base + 18)),pid=$FLOOR_PID")
+  fi
   peer=
   if [[ -n $PEER_CMD ]]; then peer=$PEER_NAME; elif [[ -n $first_alt ]]; then peer=$first_alt; fi
   if [[ $grpc == 1 ]]; then
@@ -385,6 +409,7 @@ echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/env.txt"
 if [[ -f $OUT/sweep-canned-fast.jsonl ]]; then
   ratio_roles=(--subject pdgate)
   [[ -z $PEER_CMD ]] || ratio_roles+=(--peer "$PEER_NAME")
+  [[ $FLOOR != 1 ]] || ratio_roles+=(--floor floor)
   {
     echo "# Gateway cost on near-zero-cost engines (canned-fast)"
     echo

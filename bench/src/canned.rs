@@ -202,18 +202,18 @@ fn says_stream(body: &[u8]) -> bool {
 }
 
 /// A complete request at the front of a buffer.
-struct Request<'a> {
-    method: &'a str,
-    path: &'a str,
+pub(crate) struct Request<'a> {
+    pub(crate) method: &'a str,
+    pub(crate) path: &'a str,
     /// The body as sent (chunked bodies keep their framing: only searched, never parsed).
-    body: &'a [u8],
+    pub(crate) body: &'a [u8],
     /// Bytes of the buffer the request took.
-    len: usize,
-    close: bool,
+    pub(crate) len: usize,
+    pub(crate) close: bool,
 }
 
 /// `Ok(None)` until the buffer holds a whole request.
-fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, ()> {
+pub(crate) fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, ()> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut req = httparse::Request::new(&mut headers);
     let head = match req.parse(buf) {
@@ -255,7 +255,7 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, ()> {
 
 /// The length of a whole chunked body at the front of `buf` (chunks, last chunk, trailers), or
 /// `None` while it is incomplete.
-fn chunked_len(buf: &[u8]) -> Result<Option<usize>, ()> {
+pub(crate) fn chunked_len(buf: &[u8]) -> Result<Option<usize>, ()> {
     let line_end = |from: usize| -> Option<usize> {
         buf.get(from..)?
             .windows(2)

@@ -10,12 +10,15 @@
 //! * `write-model` — the gRPC runs' model directory, and the token ids the gRPC mocks emit;
 //! * `table`  — a result file's markdown again, or its targets side by side (`pivot`, `ratio`);
 //! * `canned-engine` — an SGLang-shaped engine answering from preformatted buffers (a few µs of
-//!   CPU per request), so the gateways' share is what the engines' CPU no longer hides.
+//!   CPU per request), so the gateways' share is what the engines' CPU no longer hides;
+//! * `floor-proxy` — the least a PD gateway can do per request (splice, both legs, relay the
+//!   decode's answer): what the wire alone costs on the machine, beside pdgate.
 //!
 //! Loopback only, every run bounded in seconds. See bench/README.md.
 
 mod canned;
 mod control;
+mod floor;
 mod hold;
 mod http1;
 mod load;
@@ -73,6 +76,26 @@ enum Command {
     CannedEngine(CannedEngineArgs),
     /// Time the gateway's one pass over a request body (parse + shape check + leg splice) alone.
     OnePass(OnePassArgs),
+    /// The least a PD gateway can do per request (splice, two legs, relay): a yardstick.
+    FloorProxy(FloorProxyArgs),
+}
+
+#[derive(Args)]
+struct FloorProxyArgs {
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The prefill engine, `IP:PORT`.
+    #[arg(long)]
+    prefill: SocketAddr,
+    /// The prefill's bootstrap port, spliced into every leg.
+    #[arg(long, default_value_t = 8998)]
+    bootstrap_port: u16,
+    /// The decode engine, `IP:PORT`.
+    #[arg(long)]
+    decode: SocketAddr,
+    /// Worker threads (pdgate's benches run `threads: 2`).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -138,6 +161,9 @@ struct RoleArgs {
     /// The peer gateway target, when there is one.
     #[arg(long)]
     peer: Option<String>,
+    /// The `floor-proxy` target, when there is one (`table ratio` gives it a column).
+    #[arg(long)]
+    floor: Option<String>,
 }
 
 impl RoleArgs {
@@ -146,6 +172,7 @@ impl RoleArgs {
             subject: &self.subject,
             baseline: Some(self.baseline.as_str()),
             peer: self.peer.as_deref(),
+            floor: self.floor.as_deref(),
         }
     }
 }
@@ -334,6 +361,13 @@ fn main() -> ExitCode {
             one_pass::run(a.prompt_bytes, a.iters);
             Ok(())
         }
+        Command::FloorProxy(a) => floor::run(floor::FloorSpec {
+            addr: a.listen,
+            prefill: a.prefill,
+            decode: a.decode,
+            bootstrap_port: a.bootstrap_port,
+            threads: a.threads,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,6 +13,8 @@ pub struct Roles<'a> {
     pub baseline: Option<&'a str>,
     /// Another gateway on the same engines.
     pub peer: Option<&'a str>,
+    /// The least a PD gateway can do on the same engines (`floor-proxy`), when it ran.
+    pub floor: Option<&'a str>,
 }
 
 /// A JSON field as a table cell (`–` when absent or null).
@@ -260,10 +262,12 @@ fn median_where(
 /// The headline table of issue 15: direct, the peer and the subject side by side on the points
 /// that show a gateway's own cost — 1 KB chat, non-streamed at c=64 and c=1, streamed at c=64
 /// (medians over rounds) — and, from `holds` (`hold` rows), the memory of many open streams.
-/// Columns whose target did not run stay empty.
+/// With a floor (`floor-proxy`, the least a PD gateway can do), its column sits beside direct,
+/// with the subject's ratio to it and its own excess over direct.
 pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String {
     let (s, d) = (roles.subject, roles.baseline.unwrap_or("direct"));
     let p = roles.peer.unwrap_or("peer");
+    let floor = roles.floor;
     let at = |stream: bool, c: u64| {
         move |o: &Value| {
             o.get("stream").and_then(Value::as_bool) == Some(stream)
@@ -277,36 +281,73 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
         .map(|t| m(t, "rps", false, 64).1)
         .max()
         .unwrap_or(0);
-    let mut out = format!(
-        "| 1 KB chat, {rounds} round(s), medians | {d} | {p} | {s} | {s} ÷ {p} | {s} − {d} |\n|---|---:|---:|---:|---:|---:|\n"
-    );
-    // One row: the three targets' values, the subject's ratio to the peer, and (for latencies)
-    // the subject's excess over direct in µs.
-    let mut row = |label: &str, vals: [Option<f64>; 3], digits: usize, excess_us: bool| {
-        let excess = if excess_us {
-            vals[2].zip(vals[0]).map(|(a, b)| (a - b) * 1000.0)
-        } else {
-            None
+    let mut out = format!("| 1 KB chat, {rounds} round(s), medians | {d} |");
+    if let Some(f) = floor {
+        let _ = write!(out, " {f} |");
+    }
+    let _ = write!(out, " {p} | {s} | {s} ÷ {p} |");
+    if let Some(f) = floor {
+        let _ = write!(out, " {s} ÷ {f} |");
+    }
+    let _ = write!(out, " {s} − {d} |");
+    if let Some(f) = floor {
+        let _ = write!(out, " {f} − {d} |");
+    }
+    out.push_str(if floor.is_some() {
+        "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    } else {
+        "\n|---|---:|---:|---:|---:|---:|\n"
+    });
+    // One row: the targets' values (direct, floor, peer, subject), the subject's ratios to the
+    // peer and the floor, and (for latencies) the subject's and the floor's excess over direct.
+    let mut row = |label: &str, vals: [Option<f64>; 4], digits: usize, excess_us: bool| {
+        let [direct, fl, peer, subject] = vals;
+        let excess = |v: Option<f64>| {
+            let x = if excess_us {
+                v.zip(direct).map(|(a, b)| (a - b) * 1000.0)
+            } else {
+                None
+            };
+            x.map_or_else(|| "–".into(), |x| format!("{x:.0} µs"))
         };
-        let _ = writeln!(
+        let _ = write!(out, "| {label} | {} |", fmt(direct, digits));
+        if floor.is_some() {
+            let _ = write!(out, " {} |", fmt(fl, digits));
+        }
+        let _ = write!(
             out,
-            "| {label} | {} | {} | {} | {} | {} |",
-            fmt(vals[0], digits),
-            fmt(vals[1], digits),
-            fmt(vals[2], digits),
-            fmt(ratio(vals[2], vals[1]), 2),
-            excess.map_or_else(|| "–".into(), |x| format!("{x:.0} µs")),
+            " {} | {} | {} |",
+            fmt(peer, digits),
+            fmt(subject, digits),
+            fmt(ratio(subject, peer), 2)
         );
+        if floor.is_some() {
+            let _ = write!(out, " {} |", fmt(ratio(subject, fl), 2));
+        }
+        let _ = write!(out, " {} |", excess(subject));
+        if floor.is_some() {
+            let _ = write!(out, " {} |", excess(fl));
+        }
+        out.push('\n');
     };
+    let of =
+        |t: Option<&str>, key: &str, stream: bool, c: u64| t.and_then(|t| m(t, key, stream, c).0);
     let all = |key: &str, stream: bool, c: u64| {
         [
             m(d, key, stream, c).0,
+            of(floor, key, stream, c),
             m(p, key, stream, c).0,
             m(s, key, stream, c).0,
         ]
     };
-    let gateways =
-        |key: &str, stream: bool, c: u64| [None, m(p, key, stream, c).0, m(s, key, stream, c).0];
+    let gateways = |key: &str, stream: bool, c: u64| {
+        [
+            None,
+            of(floor, key, stream, c),
+            m(p, key, stream, c).0,
+            m(s, key, stream, c).0,
+        ]
+    };
     row("req/s, c=64", all("rps", false, 64), 0, false);
     row(
         "gateway CPU µs/request, c=64",
@@ -356,6 +397,7 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
             ),
             [
                 None,
+                None,
                 hold(p, "rss_per_stream_kb"),
                 hold(s, "rss_per_stream_kb"),
             ],
@@ -364,7 +406,7 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
         );
         row(
             "idle RSS MB (before the streams)",
-            [None, hold(p, "rss_idle_mb"), hold(s, "rss_idle_mb")],
+            [None, None, hold(p, "rss_idle_mb"), hold(s, "rss_idle_mb")],
             1,
             false,
         );
@@ -408,6 +450,7 @@ mod tests {
                 subject: "new",
                 baseline: Some("direct"),
                 peer: Some("old"),
+                floor: None,
             },
         );
         let lines: Vec<&str> = t.lines().collect();
@@ -449,6 +492,7 @@ mod tests {
             subject: "pdgate",
             baseline: Some("direct"),
             peer: Some("smg"),
+            floor: None,
         };
         let t = ratio_table(&rows, &holds, &roles);
         let line = |start: &str| {
@@ -476,6 +520,44 @@ mod tests {
     }
 
     #[test]
+    fn ratio_table_gives_the_floor_a_column_with_its_ratio_and_excess() {
+        let point = |t: &str, c: u64, rps: f64, p50: f64, cpu: Option<f64>| {
+            json!({"mode":"f/r1","stream":false,"prompt_bytes":1030,"concurrency":c,"target":t,
+                   "rps":rps,"p50_ms":p50,"gateway_cpu_us_per_req":cpu,"errors":0})
+        };
+        let rows = vec![
+            point("direct", 64, 100000.0, 0.6, None),
+            point("floor", 64, 40000.0, 1.5, Some(20.0)),
+            point("smg", 64, 10000.0, 6.0, Some(100.0)),
+            point("pdgate", 64, 30000.0, 2.0, Some(40.0)),
+            point("direct", 1, 20000.0, 0.040, None),
+            point("floor", 1, 9000.0, 0.070, Some(30.0)),
+            point("pdgate", 1, 5000.0, 0.110, Some(90.0)),
+        ];
+        let roles = Roles {
+            subject: "pdgate",
+            baseline: Some("direct"),
+            peer: Some("smg"),
+            floor: Some("floor"),
+        };
+        let t = ratio_table(&rows, &[], &roles);
+        let line = |start: &str| {
+            t.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("{t}"))
+        };
+        assert!(t.starts_with("| 1 KB chat, 1 round(s), medians | direct | floor | smg | pdgate | pdgate ÷ smg | pdgate ÷ floor | pdgate − direct | floor − direct |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"), "{t}");
+        assert_eq!(
+            line("| gateway CPU µs/request, c=64 "),
+            "| gateway CPU µs/request, c=64 | – | 20 | 100 | 40 | 0.40 | 2.00 | – | – |"
+        );
+        assert_eq!(
+            line("| p50 ms, c=1 "),
+            "| p50 ms, c=1 | 0.040 | 0.070 | – | 0.110 | – | 1.57 | 70 µs | 30 µs |"
+        );
+    }
+
+    #[test]
     fn subject_row_carries_ratios_to_direct_and_peer() {
         let point = |t: &str, rps: f64, p50: f64, cpu: Option<f64>| {
             json!({"mode":"canned","stream":false,"prompt_bytes":1030,"concurrency":64,"target":t,
@@ -492,6 +574,7 @@ mod tests {
                 subject: "pdgate",
                 baseline: Some("direct"),
                 peer: Some("smg"),
+                floor: None,
             },
         );
         let line = t.lines().find(|l| l.contains("**pdgate**")).unwrap();

@@ -1,0 +1,308 @@
+//! `floor-proxy`: the least a PD gateway can do per request over HTTP/1.1 on this machine, as a
+//! yardstick for pdgate's own cost (issue 15: "close to what a proxy can do").
+//!
+//! Per request it does only what the wire demands of any SGLang-style PD gateway: read the
+//! client's request, splice the three bootstrap fields into the body, write the leg to the
+//! prefill and to the decode engine at once (one `write` each, on keep-alive connections the
+//! client connection owns), read both answers to their end, and write the decode's answer back
+//! verbatim in one `write`. No JSON parse, no routing, no timeouts, no metrics, no logs, no
+//! retries, no error bodies beyond a bare 502: nothing a real gateway may leave out is kept
+//! either (three reads and three writes per request, the floor pdgate also sits on).
+//!
+//! It relays a whole answer once it has ended, so it is a floor for the `canned-engine`s, which
+//! send every answer in one write (a streamed one arrives as one burst, and the client gets it in
+//! one piece either way); it is not a gateway for engines that stream over time.
+//!
+//! The runtime is tokio's multi-thread one with `threads` workers (pdgate's `threads: 2` by
+//! default): the same scheduler, the same wake-ups, so what separates the two is the gateway.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::canned::{chunked_len, parse_request};
+
+pub struct FloorSpec {
+    pub addr: SocketAddr,
+    pub prefill: SocketAddr,
+    pub decode: SocketAddr,
+    /// The prefill's bootstrap port, spliced into every leg.
+    pub bootstrap_port: u16,
+    pub threads: usize,
+}
+
+const BAD_GATEWAY: &[u8] =
+    b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// Rooms: a counter mixed so consecutive rooms differ in every bit (any 63-bit value will do).
+static ROOM: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+
+fn next_room() -> u64 {
+    let x = ROOM.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    (x ^ (x >> 31)) & (i64::MAX as u64)
+}
+
+/// The leg both engines get: a fresh head and the client's body with the bootstrap fields
+/// spliced in after its opening brace (a body that is not an object goes as it is).
+fn leg(path: &str, host: &str, body: &[u8], bootstrap_port: u16) -> Vec<u8> {
+    let open = body.iter().position(|b| !b.is_ascii_whitespace());
+    let fields = match open {
+        Some(i) if body[i] == b'{' => Some((
+            i + 1,
+            format!(
+                "\"bootstrap_host\":\"127.0.0.1\",\"bootstrap_port\":{bootstrap_port},\"bootstrap_room\":{}{}",
+                next_room(),
+                if body[i + 1..].trim_ascii_start().starts_with(b"}") { "" } else { "," }
+            ),
+        )),
+        _ => None,
+    };
+    let len = body.len() + fields.as_ref().map_or(0, |(_, f)| f.len());
+    let mut out = Vec::with_capacity(len + path.len() + host.len() + 96);
+    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+    out.extend_from_slice(len.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    match fields {
+        Some((at, f)) => {
+            out.extend_from_slice(&body[..at]);
+            out.extend_from_slice(f.as_bytes());
+            out.extend_from_slice(&body[at..]);
+        }
+        None => out.extend_from_slice(body),
+    }
+    out
+}
+
+/// The length of a whole response at the front of `buf` (head and body), `None` while it is
+/// incomplete. Bodies are framed by `Content-Length` or chunked encoding (the engines use both).
+fn response_len(buf: &[u8]) -> io::Result<Option<usize>> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    let head = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+    };
+    let (mut length, mut chunked) = (0usize, false);
+    for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            length = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "content-length"))?;
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = h.value.eq_ignore_ascii_case(b"chunked");
+        }
+    }
+    if chunked {
+        return chunked_len(&buf[head..])
+            .map(|n| n.map(|n| head + n))
+            .map_err(|()| io::Error::new(io::ErrorKind::InvalidData, "chunked body"));
+    }
+    Ok((buf.len() - head >= length).then_some(head + length))
+}
+
+/// A keep-alive connection to one engine, opened on first use.
+struct Upstream {
+    addr: SocketAddr,
+    sock: Option<TcpStream>,
+    buf: Vec<u8>,
+}
+
+impl Upstream {
+    fn new(addr: SocketAddr) -> Upstream {
+        Upstream {
+            addr,
+            sock: None,
+            buf: Vec::with_capacity(8 * 1024),
+        }
+    }
+
+    /// Writes `req` and reads one whole response into `self.buf`.
+    async fn exchange(&mut self, req: &[u8]) -> io::Result<()> {
+        if self.sock.is_none() {
+            let s = TcpStream::connect(self.addr).await?;
+            s.set_nodelay(true)?;
+            self.sock = Some(s);
+        }
+        let result = self.exchange_on(req).await;
+        if result.is_err() {
+            self.sock = None;
+        }
+        result
+    }
+
+    async fn exchange_on(&mut self, req: &[u8]) -> io::Result<()> {
+        let sock = self.sock.as_mut().expect("connected");
+        sock.write_all(req).await?;
+        self.buf.clear();
+        loop {
+            if self.buf.capacity() == self.buf.len() {
+                self.buf.reserve(self.buf.len());
+            }
+            let n = sock.read_buf(&mut self.buf).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            if let Some(len) = response_len(&self.buf)? {
+                // Engines answer one request at a time: nothing follows the response.
+                self.buf.truncate(len);
+                return Ok(());
+            }
+        }
+    }
+}
+
+async fn serve_connection(
+    mut client: TcpStream,
+    spec: &'static FloorSpec,
+    hosts: &'static (String, String),
+) -> io::Result<()> {
+    client.set_nodelay(true)?;
+    let mut prefill = Upstream::new(spec.prefill);
+    let mut decode = Upstream::new(spec.decode);
+    let mut buf = vec![0u8; 16 * 1024];
+    let (mut start, mut end) = (0usize, 0usize);
+    loop {
+        let parsed = parse_request(&buf[start..end]).map_err(|()| {
+            io::Error::new(io::ErrorKind::InvalidData, "bad request from the client")
+        })?;
+        if let Some(req) = parsed {
+            let (len, close) = (req.len, req.close);
+            let ok = if req.method == "POST" {
+                let leg_p = leg(req.path, &hosts.0, req.body, spec.bootstrap_port);
+                // Both engines get the same room: one splice, then the decode's own host line.
+                let body_at = leg_p.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+                let mut leg_d = format!(
+                    "POST {} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    req.path,
+                    hosts.1,
+                    leg_p.len() - body_at
+                )
+                .into_bytes();
+                leg_d.extend_from_slice(&leg_p[body_at..]);
+                let (p, d) = tokio::join!(prefill.exchange(&leg_p), decode.exchange(&leg_d));
+                p.is_ok() && d.is_ok()
+            } else {
+                // Health checks and the like: the decode answers them.
+                let head = format!(
+                    "{} {} HTTP/1.1\r\nhost: {}\r\ncontent-length: 0\r\n\r\n",
+                    req.method, req.path, hosts.1
+                );
+                decode.exchange(head.as_bytes()).await.is_ok()
+            };
+            if ok {
+                client.write_all(&decode.buf).await?;
+            } else {
+                client.write_all(BAD_GATEWAY).await?;
+                return Ok(());
+            }
+            start += len;
+            if start == end {
+                (start, end) = (0, 0);
+            }
+            if close {
+                return Ok(());
+            }
+            continue;
+        }
+        if end == buf.len() {
+            if start > 0 {
+                buf.copy_within(start..end, 0);
+                (start, end) = (0, end - start);
+            } else {
+                buf.resize(buf.len() * 2, 0);
+            }
+        }
+        let n = client.read(&mut buf[end..]).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        end += n;
+    }
+}
+
+/// Serves until the process is killed.
+pub fn run(spec: FloorSpec) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(spec.threads.max(1))
+        .enable_io()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    let spec: &'static FloorSpec = Box::leak(Box::new(spec));
+    let hosts: &'static (String, String) = Box::leak(Box::new((
+        spec.prefill.to_string(),
+        spec.decode.to_string(),
+    )));
+    rt.block_on(async move {
+        let listener = TcpListener::bind(spec.addr)
+            .await
+            .map_err(|e| format!("bind {}: {e}", spec.addr))?;
+        eprintln!(
+            "floor-proxy listening on {} (prefill {}, decode {})",
+            spec.addr, spec.prefill, spec.decode
+        );
+        loop {
+            match listener.accept().await {
+                Ok((sock, _)) => {
+                    tokio::spawn(async move {
+                        let _ = serve_connection(sock, spec, hosts).await;
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    eprintln!("floor-proxy: accept: {e}");
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_leg_carries_the_bootstrap_fields_and_a_matching_length() {
+        let l = leg("/v1/chat/completions", "h:1", br#" {"model":"m"}"#, 8998);
+        let text = std::str::from_utf8(&l).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["bootstrap_port"], 8998);
+        assert_eq!(v["model"], "m");
+        assert!(v["bootstrap_room"].as_u64().unwrap() <= i64::MAX as u64);
+
+        let empty = leg("/x", "h:1", b"{}", 1);
+        let body = std::str::from_utf8(&empty)
+            .unwrap()
+            .split_once("\r\n\r\n")
+            .unwrap()
+            .1;
+        assert!(
+            serde_json::from_str::<serde_json::Value>(body).is_ok(),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn responses_are_framed_by_length_and_by_chunks() {
+        let r = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        assert_eq!(response_len(r).unwrap(), Some(r.len()));
+        assert_eq!(response_len(&r[..r.len() - 1]).unwrap(), None);
+        let c = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+        assert_eq!(response_len(c).unwrap(), Some(c.len()));
+        assert_eq!(response_len(&c[..c.len() - 2]).unwrap(), None);
+    }
+}
