@@ -4,6 +4,7 @@
 //! See `docs/architecture.md` for where each fact lives.
 
 pub mod admin;
+pub mod blocks;
 pub mod capacity;
 pub mod config;
 pub mod demo;

@@ -9,8 +9,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use pdgate::blocks::BlockCache;
 use pdgate::config::{self, LaunchArgs, LoadedConfig};
 use pingora::server::configuration::Opt;
+
+/// glibc's malloc with a per-thread cache of 1–16 KiB blocks in front (`pdgate::blocks`), on
+/// when `serve` tunes the allocator.
+#[global_allocator]
+static ALLOCATOR: BlockCache = BlockCache::new();
 
 #[derive(Parser)]
 #[command(
@@ -95,7 +101,9 @@ fn main() -> ExitCode {
 }
 
 fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
-    tune_malloc();
+    if tune_malloc() {
+        ALLOCATOR.enable();
+    }
     init_logging(&loaded);
     for notice in &loaded.notices {
         log::warn!("{notice}");
@@ -131,11 +139,16 @@ fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
 ///   request in all (bench/README, "Round 2, fifth part"). At most 32 chunks of each size
 ///   under 1 KiB stay cached per thread, ~1 MiB.
 ///
+/// * blocks from 1 to 16 KiB, which the tcache does not take, are cached per thread by the
+///   global allocator (`pdgate::blocks`): without it the two workers contended for malloc's
+///   arena locks (bench/README, "Round 2, sixth part").
+///
 /// The tcache's size can only be set through `GLIBC_TUNABLES` when the process starts, so
 /// pdgate sets it there and re-executes itself once, before any thread exists (same pid,
 /// arguments and descriptors). An operator's own `glibc.malloc.*` tunables win and turn all of
-/// this off; without the re-execution (it failed), the first two are set with `mallopt`.
-fn tune_malloc() {
+/// this off, the block cache included; without the re-execution (it failed), the first two are
+/// set with `mallopt`. Returns whether the allocator is pdgate's to tune (not the operator's).
+fn tune_malloc() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         use std::os::unix::process::CommandExt;
@@ -143,13 +156,13 @@ fn tune_malloc() {
         const TRIM_THRESHOLD: usize = 64 << 20;
         const TCACHE_COUNT: usize = 32;
         let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-        if current.contains("glibc.malloc.") {
-            // The operator's, or ours after the re-execution.
-            return;
-        }
         let ours = format!(
             "glibc.malloc.tcache_count={TCACHE_COUNT}:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.trim_threshold={TRIM_THRESHOLD}"
         );
+        if current.contains("glibc.malloc.") {
+            // Ours after the re-execution, or the operator's.
+            return current.ends_with(&ours);
+        }
         let tunables = if current.is_empty() {
             ours
         } else {
@@ -168,7 +181,10 @@ fn tune_malloc() {
             libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as i32);
             libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as i32);
         }
+        true
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    true
 }
 
 /// `RUST_LOG` wins (e.g. `RUST_LOG=pdgate=info,pdgate::legs=debug`); otherwise the config's
