@@ -59,13 +59,15 @@ md=$OUT/together.md
 } >"$md"
 ratios=()
 for r in $(seq 1 "$ROUNDS"); do
+  loaders=()
   for side in a b; do
     if [[ $side == a ]]; then port=$((PORT_BASE + 10)) pid=$pid_a; else port=$((PORT_BASE + 12)) pid=$pid_b; fi
     "$BIN/pdgate-bench" sweep --target "$side=$http:$port,pid=$pid" --subject "$side" \
       --concurrency "$C" --prompt-bytes 1024 --stream "$STREAM" --duration "$DURATION" \
       --warmup 0.5 --json "$OUT/logs/together-$side-r$r.jsonl" --markdown /dev/null &
+    loaders+=("$!")
   done
-  wait
+  wait "${loaders[@]}"
   row=$(python3 - "$OUT/logs/together-a-r$r.jsonl" "$OUT/logs/together-b-r$r.jsonl" <<'EOF'
 import json, sys
 a, b = (json.loads(open(p).read().splitlines()[-1]) for p in sys.argv[1:3])
