@@ -213,7 +213,7 @@ pub(crate) struct Request<'a> {
 }
 
 /// `Ok(None)` until the buffer holds a whole request.
-pub(crate) fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, ()> {
+fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, ()> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut req = httparse::Request::new(&mut headers);
     let head = match req.parse(buf) {
@@ -292,20 +292,62 @@ pub(crate) fn chunked_len(buf: &[u8]) -> Result<Option<usize>, ()> {
     }
 }
 
+/// The requests of one keep-alive connection: what has been read and not yet answered, in a
+/// buffer that grows to fit a whole request.
+pub(crate) struct Requests {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Requests {
+    pub(crate) fn new() -> Requests {
+        Requests {
+            buf: vec![0u8; 16 * 1024],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// The next whole request, `Ok(None)` until one has arrived, `Err` when it is malformed.
+    pub(crate) fn next(&self) -> Result<Option<Request<'_>>, ()> {
+        parse_request(&self.buf[self.start..self.end])
+    }
+
+    /// Drops the request just answered (`len` bytes).
+    pub(crate) fn consume(&mut self, len: usize) {
+        self.start += len;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+    }
+
+    /// Reads more of the connection; false at its end.
+    pub(crate) async fn fill(&mut self, sock: &mut TcpStream) -> io::Result<bool> {
+        if self.end == self.buf.len() {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                (self.start, self.end) = (0, self.end - self.start);
+            } else {
+                self.buf.resize(self.buf.len() * 2, 0);
+            }
+        }
+        let n = sock.read(&mut self.buf[self.end..]).await?;
+        self.end += n;
+        Ok(n > 0)
+    }
+}
+
 async fn serve_connection(mut sock: TcpStream, answers: Rc<Answers>) -> io::Result<()> {
     sock.set_nodelay(true)?;
-    let mut buf = vec![0u8; 16 * 1024];
-    let (mut start, mut end) = (0usize, 0usize);
+    let mut requests = Requests::new();
     loop {
-        match parse_request(&buf[start..end]) {
+        match requests.next() {
             Ok(Some(req)) => {
                 let answer = answers.route(req.method, req.path, req.body);
                 let (len, close) = (req.len, req.close);
                 sock.write_all(answer).await?;
-                start += len;
-                if start == end {
-                    (start, end) = (0, 0);
-                }
+                requests.consume(len);
                 if close {
                     return Ok(());
                 }
@@ -317,19 +359,9 @@ async fn serve_connection(mut sock: TcpStream, answers: Rc<Answers>) -> io::Resu
                 return Ok(());
             }
         }
-        if end == buf.len() {
-            if start > 0 {
-                buf.copy_within(start..end, 0);
-                (start, end) = (0, end - start);
-            } else {
-                buf.resize(buf.len() * 2, 0);
-            }
-        }
-        let n = sock.read(&mut buf[end..]).await?;
-        if n == 0 {
+        if !requests.fill(&mut sock).await? {
             return Ok(());
         }
-        end += n;
     }
 }
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::canned::{chunked_len, parse_request};
+use crate::canned::{chunked_len, Requests};
 
 pub struct FloorSpec {
     pub addr: SocketAddr,
@@ -168,10 +168,9 @@ async fn serve_connection(
     client.set_nodelay(true)?;
     let mut prefill = Upstream::new(spec.prefill);
     let mut decode = Upstream::new(spec.decode);
-    let mut buf = vec![0u8; 16 * 1024];
-    let (mut start, mut end) = (0usize, 0usize);
+    let mut requests = Requests::new();
     loop {
-        let parsed = parse_request(&buf[start..end]).map_err(|()| {
+        let parsed = requests.next().map_err(|()| {
             io::Error::new(io::ErrorKind::InvalidData, "bad request from the client")
         })?;
         if let Some(req) = parsed {
@@ -204,28 +203,15 @@ async fn serve_connection(
                 client.write_all(BAD_GATEWAY).await?;
                 return Ok(());
             }
-            start += len;
-            if start == end {
-                (start, end) = (0, 0);
-            }
+            requests.consume(len);
             if close {
                 return Ok(());
             }
             continue;
         }
-        if end == buf.len() {
-            if start > 0 {
-                buf.copy_within(start..end, 0);
-                (start, end) = (0, end - start);
-            } else {
-                buf.resize(buf.len() * 2, 0);
-            }
-        }
-        let n = client.read(&mut buf[end..]).await?;
-        if n == 0 {
+        if !requests.fill(&mut client).await? {
             return Ok(());
         }
-        end += n;
     }
 }
 
