@@ -345,6 +345,79 @@ mod tests {
     }
 
     #[test]
+    fn blocks_passed_between_threads_keep_their_bytes_until_freed() {
+        // Four threads allocate blocks of every size around the range, fill each with a pattern
+        // of its own, and pass them round a ring; whoever receives a block checks the pattern,
+        // and frees it or reallocates it to another size and passes it on. A list that handed
+        // a block out twice, or a class too small for a request, breaks a pattern.
+        static CACHE: BlockCache = BlockCache::new();
+        CACHE.enable();
+        const THREADS: usize = 4;
+        const ROUNDS: usize = 3000;
+        struct Block(usize, usize, u8);
+        fn fill(b: &Block) {
+            unsafe { (b.0 as *mut u8).write_bytes(b.2, b.1) };
+        }
+        fn check(b: &Block) {
+            let bytes = unsafe { std::slice::from_raw_parts(b.0 as *const u8, b.1) };
+            assert!(
+                bytes.iter().all(|&x| x == b.2),
+                "a block of {} bytes was overwritten",
+                b.1
+            );
+        }
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..THREADS)
+            .map(|_| std::sync::mpsc::channel::<Block>())
+            .unzip();
+        let handles: Vec<_> = rxs
+            .into_iter()
+            .enumerate()
+            .map(|(i, rx)| {
+                let next = txs[(i + 1) % THREADS].clone();
+                std::thread::spawn(move || {
+                    let mut seed = i as u64 * 7919 + 1;
+                    let mut rand = move || {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        seed
+                    };
+                    for r in 0..ROUNDS {
+                        let size = 900 + (rand() % 17_000) as usize;
+                        let b = Block(unsafe { CACHE.alloc(layout(size)) } as usize, size, r as u8);
+                        fill(&b);
+                        let _ = next.send(b);
+                        while let Ok(got) = rx.try_recv() {
+                            check(&got);
+                            if rand() % 2 == 0 {
+                                unsafe { CACHE.dealloc(got.0 as *mut u8, layout(got.1)) };
+                            } else {
+                                let size = 900 + (rand() % 17_000) as usize;
+                                let p =
+                                    unsafe { CACHE.realloc(got.0 as *mut u8, layout(got.1), size) };
+                                let moved = Block(p as usize, size, got.2);
+                                check(&Block(p as usize, size.min(got.1), got.2));
+                                let moved = Block(moved.0, moved.1, moved.2.wrapping_add(1));
+                                fill(&moved);
+                                let _ = next.send(moved);
+                            }
+                        }
+                    }
+                    rx
+                })
+            })
+            .collect();
+        drop(txs);
+        let rxs: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        for rx in rxs {
+            while let Ok(got) = rx.try_recv() {
+                check(&got);
+                unsafe { CACHE.dealloc(got.0 as *mut u8, layout(got.1)) };
+            }
+        }
+    }
+
+    #[test]
     fn a_block_freed_on_another_thread_joins_that_threads_lists() {
         static CACHE: BlockCache = BlockCache::new();
         CACHE.enable();
