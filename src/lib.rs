@@ -24,5 +24,6 @@ pub mod reload;
 pub mod reply;
 pub mod scratch;
 pub mod server;
+pub mod tick;
 pub mod trace;
 pub mod workers;

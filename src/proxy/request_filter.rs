@@ -28,6 +28,7 @@ pub async fn run(
     session: &mut Session,
     ctx: &mut RequestCtx,
 ) -> pingora::Result<bool> {
+    crate::tick::ensure();
     let answered = serve(gw, listener, session, ctx).await?;
     // Boxed, and only when there is something to drain (a refusal): inline, the wait would size
     // this future, which lives as long as the request (a whole stream).
