@@ -45,38 +45,42 @@ fn next_room() -> u64 {
     (x ^ (x >> 31)) & (i64::MAX as u64)
 }
 
-/// The leg both engines get: a fresh head and the client's body with the bootstrap fields
-/// spliced in after its opening brace (a body that is not an object goes as it is).
-fn leg(path: &str, host: &str, body: &[u8], bootstrap_port: u16) -> Vec<u8> {
-    let open = body.iter().position(|b| !b.is_ascii_whitespace());
-    let fields = match open {
-        Some(i) if body[i] == b'{' => Some((
-            i + 1,
-            format!(
-                "\"bootstrap_host\":\"127.0.0.1\",\"bootstrap_port\":{bootstrap_port},\"bootstrap_room\":{}{}",
-                next_room(),
-                if body[i + 1..].trim_ascii_start().starts_with(b"}") { "" } else { "," }
-            ),
-        )),
-        _ => None,
+/// The client's body with the bootstrap fields spliced in after its opening brace (a body that
+/// is not an object goes as it is): what both engines get.
+fn leg_body(body: &[u8], bootstrap_port: u16) -> Vec<u8> {
+    let Some(i) = body.iter().position(|b| !b.is_ascii_whitespace()) else {
+        return body.to_vec();
     };
-    let len = body.len() + fields.as_ref().map_or(0, |(_, f)| f.len());
-    let mut out = Vec::with_capacity(len + path.len() + host.len() + 96);
-    out.extend_from_slice(b"POST ");
-    out.extend_from_slice(path.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    out.extend_from_slice(host.as_bytes());
-    out.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
-    out.extend_from_slice(len.to_string().as_bytes());
-    out.extend_from_slice(b"\r\n\r\n");
-    match fields {
-        Some((at, f)) => {
-            out.extend_from_slice(&body[..at]);
-            out.extend_from_slice(f.as_bytes());
-            out.extend_from_slice(&body[at..]);
-        }
-        None => out.extend_from_slice(body),
+    if body[i] != b'{' {
+        return body.to_vec();
     }
+    let comma = if body[i + 1..].trim_ascii_start().starts_with(b"}") {
+        ""
+    } else {
+        ","
+    };
+    let fields = format!(
+        "\"bootstrap_host\":\"127.0.0.1\",\"bootstrap_port\":{bootstrap_port},\"bootstrap_room\":{}{comma}",
+        next_room()
+    );
+    let mut out = Vec::with_capacity(body.len() + fields.len());
+    out.extend_from_slice(&body[..=i]);
+    out.extend_from_slice(fields.as_bytes());
+    out.extend_from_slice(&body[i + 1..]);
+    out
+}
+
+/// One request to an engine, head and body in one buffer (one write).
+fn request(method: &str, path: &str, host: &str, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + path.len() + host.len() + 96);
+    for part in [method, " ", path, " HTTP/1.1\r\nhost: ", host] {
+        out.extend_from_slice(part.as_bytes());
+    }
+    if !body.is_empty() {
+        out.extend_from_slice(b"\r\ncontent-type: application/json");
+    }
+    out.extend_from_slice(format!("\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes());
+    out.extend_from_slice(body);
     out
 }
 
@@ -160,14 +164,17 @@ impl Upstream {
     }
 }
 
-async fn serve_connection(
-    mut client: TcpStream,
-    spec: &'static FloorSpec,
-    hosts: &'static (String, String),
-) -> io::Result<()> {
+/// The spec and the engines' `host` header values, for the life of the process.
+struct Floor {
+    spec: FloorSpec,
+    prefill_host: String,
+    decode_host: String,
+}
+
+async fn serve_connection(mut client: TcpStream, floor: &'static Floor) -> io::Result<()> {
     client.set_nodelay(true)?;
-    let mut prefill = Upstream::new(spec.prefill);
-    let mut decode = Upstream::new(spec.decode);
+    let mut prefill = Upstream::new(floor.spec.prefill);
+    let mut decode = Upstream::new(floor.spec.decode);
     let mut requests = Requests::new();
     loop {
         let parsed = requests.next().map_err(|()| {
@@ -176,26 +183,16 @@ async fn serve_connection(
         if let Some(req) = parsed {
             let (len, close) = (req.len, req.close);
             let ok = if req.method == "POST" {
-                let leg_p = leg(req.path, &hosts.0, req.body, spec.bootstrap_port);
-                // Both engines get the same room: one splice, then the decode's own host line.
-                let body_at = leg_p.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
-                let mut leg_d = format!(
-                    "POST {} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                    req.path,
-                    hosts.1,
-                    leg_p.len() - body_at
-                )
-                .into_bytes();
-                leg_d.extend_from_slice(&leg_p[body_at..]);
+                // Both engines get the same room: one splice, a head for each.
+                let body = leg_body(req.body, floor.spec.bootstrap_port);
+                let leg_p = request("POST", req.path, &floor.prefill_host, &body);
+                let leg_d = request("POST", req.path, &floor.decode_host, &body);
                 let (p, d) = tokio::join!(prefill.exchange(&leg_p), decode.exchange(&leg_d));
                 p.is_ok() && d.is_ok()
             } else {
                 // Health checks and the like: the decode answers them.
-                let head = format!(
-                    "{} {} HTTP/1.1\r\nhost: {}\r\ncontent-length: 0\r\n\r\n",
-                    req.method, req.path, hosts.1
-                );
-                decode.exchange(head.as_bytes()).await.is_ok()
+                let head = request(req.method, req.path, &floor.decode_host, b"");
+                decode.exchange(&head).await.is_ok()
             };
             if ok {
                 client.write_all(&decode.buf).await?;
@@ -222,11 +219,12 @@ pub fn run(spec: FloorSpec) -> Result<(), String> {
         .enable_io()
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
-    let spec: &'static FloorSpec = Box::leak(Box::new(spec));
-    let hosts: &'static (String, String) = Box::leak(Box::new((
-        spec.prefill.to_string(),
-        spec.decode.to_string(),
-    )));
+    let floor: &'static Floor = Box::leak(Box::new(Floor {
+        prefill_host: spec.prefill.to_string(),
+        decode_host: spec.decode.to_string(),
+        spec,
+    }));
+    let spec = &floor.spec;
     rt.block_on(async move {
         let listener = TcpListener::bind(spec.addr)
             .await
@@ -239,7 +237,7 @@ pub fn run(spec: FloorSpec) -> Result<(), String> {
             match listener.accept().await {
                 Ok((sock, _)) => {
                     tokio::spawn(async move {
-                        let _ = serve_connection(sock, spec, hosts).await;
+                        let _ = serve_connection(sock, floor).await;
                     });
                 }
                 Err(e) => {
@@ -258,9 +256,14 @@ mod tests {
 
     #[test]
     fn the_leg_carries_the_bootstrap_fields_and_a_matching_length() {
-        let l = leg("/v1/chat/completions", "h:1", br#" {"model":"m"}"#, 8998);
+        let body = leg_body(br#" {"model":"m"}"#, 8998);
+        let l = request("POST", "/v1/chat/completions", "h:1", &body);
         let text = std::str::from_utf8(&l).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with("POST /v1/chat/completions HTTP/1.1\r\nhost: h:1\r\n"),
+            "{text}"
+        );
         assert!(
             head.contains(&format!("content-length: {}", body.len())),
             "{text}"
@@ -270,15 +273,16 @@ mod tests {
         assert_eq!(v["model"], "m");
         assert!(v["bootstrap_room"].as_u64().unwrap() <= i64::MAX as u64);
 
-        let empty = leg("/x", "h:1", b"{}", 1);
-        let body = std::str::from_utf8(&empty)
-            .unwrap()
-            .split_once("\r\n\r\n")
-            .unwrap()
-            .1;
+        let empty = leg_body(b"{}", 1);
         assert!(
-            serde_json::from_str::<serde_json::Value>(body).is_ok(),
-            "{body}"
+            serde_json::from_slice::<serde_json::Value>(&empty).is_ok(),
+            "{empty:?}"
+        );
+        assert_eq!(leg_body(b"[1]", 1), b"[1]");
+        let get = request("GET", "/health", "h:1", b"");
+        assert_eq!(
+            get,
+            b"GET /health HTTP/1.1\r\nhost: h:1\r\ncontent-length: 0\r\n\r\n"
         );
     }
 
