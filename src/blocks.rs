@@ -173,42 +173,35 @@ impl Default for BlockCache {
 // with (its class layout, or the caller's), and a cached block is handed out once.
 unsafe impl GlobalAlloc for BlockCache {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        match class(&layout) {
-            None => unsafe { System.alloc(layout) },
-            Some(c) => {
-                let p = self.take(c);
-                if p.is_null() {
-                    unsafe { System.alloc(class_layout(c)) }
-                } else {
-                    p
-                }
-            }
+        let Some(c) = class(&layout) else {
+            return unsafe { System.alloc(layout) };
+        };
+        let p = self.take(c);
+        if p.is_null() {
+            unsafe { System.alloc(class_layout(c)) }
+        } else {
+            p
         }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        match class(&layout) {
-            None => unsafe { System.alloc_zeroed(layout) },
-            Some(c) => {
-                let p = self.take(c);
-                if p.is_null() {
-                    unsafe { System.alloc_zeroed(class_layout(c)) }
-                } else {
-                    unsafe { p.write_bytes(0, layout.size()) };
-                    p
-                }
-            }
+        let Some(c) = class(&layout) else {
+            return unsafe { System.alloc_zeroed(layout) };
+        };
+        let p = self.take(c);
+        if p.is_null() {
+            return unsafe { System.alloc_zeroed(class_layout(c)) };
         }
+        // A cached block holds what its last owner wrote.
+        unsafe { p.write_bytes(0, layout.size()) };
+        p
     }
 
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         match class(&layout) {
+            Some(c) if self.keep(c, p) => {}
+            Some(c) => unsafe { System.dealloc(p, class_layout(c)) },
             None => unsafe { System.dealloc(p, layout) },
-            Some(c) => {
-                if !self.keep(c, p) {
-                    unsafe { System.dealloc(p, class_layout(c)) }
-                }
-            }
         }
     }
 

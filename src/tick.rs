@@ -51,7 +51,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_keeper_per_thread_and_none_outside_a_runtime() {
+    fn one_keeper_per_thread_that_keeps_a_timer_pending_and_none_outside_a_runtime() {
         // Outside a runtime nothing is spawned and the thread stays unmarked.
         std::thread::spawn(|| {
             ensure();
@@ -61,16 +61,25 @@ mod tests {
         .unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
+            .start_paused(true)
             .build()
             .unwrap();
         rt.block_on(async {
             ensure();
             ensure();
             assert!(KEPT.get());
-            let tasks = tokio::runtime::Handle::current()
-                .metrics()
-                .num_alive_tasks();
-            assert_eq!(tasks, 1, "one keeper, however often it is asked for");
+            let alive = || {
+                tokio::runtime::Handle::current()
+                    .metrics()
+                    .num_alive_tasks()
+            };
+            assert_eq!(alive(), 1, "one keeper, however often it is asked for");
+            // Many periods later (the paused clock jumps to each timer) the keeper is still
+            // there, waiting on its next tick: the wheel never empties.
+            let start = tokio::time::Instant::now();
+            tokio::time::sleep(PERIOD * 10 + PERIOD / 2).await;
+            assert!(start.elapsed() >= PERIOD * 10);
+            assert_eq!(alive(), 1, "the keeper ended");
         });
     }
 }
