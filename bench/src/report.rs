@@ -340,13 +340,11 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
             m(s, key, stream, c).0,
         ]
     };
+    // The gateways' own figures (CPU, memory): direct has none.
     let gateways = |key: &str, stream: bool, c: u64| {
-        [
-            None,
-            of(floor, key, stream, c),
-            m(p, key, stream, c).0,
-            m(s, key, stream, c).0,
-        ]
+        let mut v = all(key, stream, c);
+        v[0] = None;
+        v
     };
     row("req/s, c=64", all("rps", false, 64), 0, false);
     row(
