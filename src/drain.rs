@@ -212,7 +212,10 @@ where
     ) -> Option<Stream> {
         // Pipelining stays off (Pingora's default), so a connection handed back between two
         // requests never holds bytes of the next one: waiting on the socket is enough.
-        let mut arrived = DRAIN.first_request(stream).await?;
+        // Its writes are gathered until a flush (one write per answer, see `crate::gather`).
+        let mut arrived = DRAIN
+            .first_request(crate::gather::Gathered::wrap(stream))
+            .await?;
         let mut settings: Option<HttpPersistentSettings> = None;
         loop {
             // The session is moved into Pingora's (boxed) future in a statement of its own, so
@@ -220,8 +223,9 @@ where
             let served = self
                 .proxy
                 .process_new_http(session_for(arrived, settings.take()), shutdown);
-            let (next, persistent) = served.await?.consume();
+            let (mut next, persistent) = served.await?.consume();
             settings = persistent;
+            crate::gather::settle(&mut next).await.ok()?;
             arrived = DRAIN.next_request(next).await?;
         }
     }

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod discovery;
 pub mod drain;
 pub mod gateway;
+pub mod gather;
 pub mod head;
 pub mod ledger;
 pub mod legs;

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use pingora::listeners::{L4BufferSettings, ListenerConfig, DEFAULT_L4_WRITE_BUFFER_SIZE};
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::Opt;
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -164,7 +164,8 @@ fn client_service(
 /// A client-facing listener without Pingora's 64 KiB per-connection read buffer. Plain HTTP/1.1
 /// with one request at a time gains nothing from it — request heads are read into their own
 /// buffer, bodies into the body reader's — and it was the largest part of an open stream's
-/// memory (bench/README.md, "Memory per open stream"). Writes keep Pingora's MSS-sized buffer.
+/// memory (bench/README.md, "Memory per open stream"). Nor its MSS-sized write buffer: writes are
+/// gathered above it, in a buffer that exists only while it holds bytes (`crate::gather`).
 fn client_listener(addr: &str) -> ListenerConfig {
-    ListenerConfig::tcp(addr).l4_buffer(L4BufferSettings::new(0, DEFAULT_L4_WRITE_BUFFER_SIZE))
+    ListenerConfig::tcp(addr).l4_buffer(L4BufferSettings::new(0, 0))
 }

@@ -548,6 +548,33 @@ impl OpenLeg {
         next
     }
 
+    /// What [`OpenLeg::next_chunk`] would give without waiting: `Some` when the next piece (or
+    /// the end of the body, or its error) is already in hand, `None` when it needs a read that
+    /// may wait. Reads nothing unless the last read left bytes waiting in the socket.
+    pub fn piece_in_hand(&mut self) -> Option<Result<Option<Bytes>, LegError>> {
+        let piece = if self.decoder.is_done() {
+            Some(Ok(None))
+        } else if let Err(e) = self.take_waiting() {
+            Some(Err(e))
+        } else {
+            let piece = match self.decoder.decode(&mut self.buf) {
+                Ok(out) if !out.is_empty() => Some(Ok(Some(out))),
+                Ok(_) if self.decoder.is_done() => Some(Ok(None)),
+                Ok(_) => None,
+                Err(e) => Some(Err(LegError::new(LegErrorKind::Body, e))),
+            };
+            if self.buf.is_empty() {
+                self.buf = BytesMut::new();
+            }
+            piece
+        };
+        // Traced as `next_chunk` traces what it hands out.
+        if let Some(read) = &piece {
+            self.trace_read(read.as_ref().map(|p| p.as_ref().map(Bytes::len)));
+        }
+        piece
+    }
+
     /// Like [`OpenLeg::next_chunk`] for a body read only to reach its end (a drained
     /// prefill): the payload is dropped as it is decoded, nothing is split off or joined. The
     /// number of payload bytes passed over; `None` at the end of the body.

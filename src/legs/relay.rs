@@ -191,16 +191,27 @@ pub fn relay<'a>(
         };
         // The client's head is built: the engine's is not needed again.
         leg.shed_head();
-        if Box::pin(start_stream(session, ctx, head, status))
-            .await
-            .is_err()
-        {
-            return (RelayEnd::ClientGone, None);
-        }
         let mut merge = match plan.logprobs {
             Some(Some(lp)) => Some((lp, SseSplitter::new())),
             _ => None,
         };
+        // A piece already in hand (a burst that came with the engine's head) leaves in the same
+        // client write as the head: the head's flush is held (`crate::gather`). Only pieces
+        // relayed as they are (no logprobs merge) are looked ahead: each is then non-empty, so
+        // a held flush is always followed by a write.
+        let mut in_hand = if merge.is_none() {
+            leg.piece_in_hand()
+        } else {
+            None
+        };
+        crate::gather::hold(session, in_hand.is_some());
+        if Box::pin(start_stream(session, ctx, head, status))
+            .await
+            .is_err()
+        {
+            crate::gather::hold(session, false);
+            return (RelayEnd::ClientGone, None);
+        }
         let mut done = DoneDetector::new();
         let mut saw_done = false;
         // One timer for the stream's deadline, not one registered and dropped per chunk.
@@ -208,7 +219,9 @@ pub fn relay<'a>(
         tokio::pin!(deadline);
         let mut prefill = plan.prefill.take();
         loop {
-            let next = tokio::select! {
+            let next = match in_hand.take() {
+                Some(next) => next,
+                None => tokio::select! {
                 c = leg.next_chunk() => c,
                 _ = session.read_body_or_idle(true) => {
                     return (RelayEnd::ClientGone, None);
@@ -227,6 +240,7 @@ pub fn relay<'a>(
                         _ => (RelayEnd::PrefillFailed(None), None),
                     };
                 }
+                },
             };
             let chunk = match next {
                 Ok(Some(c)) => c,
@@ -264,18 +278,20 @@ pub fn relay<'a>(
                     p.mute();
                 }
             }
+            // The next piece (or the end) already here: this one waits for it in the buffer.
+            if merge.is_none() {
+                in_hand = leg.piece_in_hand();
+                crate::gather::hold(session, in_hand.is_some());
+            }
             if write_piece(session, Some(out)).await.is_err() {
                 return (RelayEnd::ClientGone, None);
             }
         }
-        if let Some((_, splitter)) = merge.as_mut() {
-            if let Some(rest) = splitter.finish() {
-                if write_piece(session, Some(Bytes::from(rest))).await.is_err() {
-                    return (RelayEnd::ClientGone, None);
-                }
-            }
-        }
-        if write_piece(session, None).await.is_err() {
+        let rest = merge
+            .as_mut()
+            .and_then(|(_, splitter)| splitter.finish())
+            .map(Bytes::from);
+        if write_last(session, rest).await.is_err() {
             return (RelayEnd::ClientGone, None);
         }
         let reusable = leg.is_done();
@@ -291,6 +307,10 @@ pub fn relay<'a>(
 /// downstream modules' body filter, then the session's write.
 pub async fn write_piece(session: &mut Session, piece: Option<Bytes>) -> pingora::Result<()> {
     let end = piece.is_none();
+    if end {
+        // The end of an answer is always sent: whatever was held goes with it.
+        crate::gather::hold(session, false);
+    }
     let mut body = piece;
     session
         .downstream_modules_ctx
@@ -308,6 +328,15 @@ pub async fn write_piece(session: &mut Session, piece: Option<Bytes>) -> pingora
         }
         other => Box::pin(other.write_response_body(data, end)).await,
     }
+}
+
+/// Writes the last piece of a streamed answer (if any) and its end in one client write.
+pub async fn write_last(session: &mut Session, last: Option<Bytes>) -> pingora::Result<()> {
+    if let Some(piece) = last.filter(|p| !p.is_empty()) {
+        crate::gather::hold(session, true);
+        write_piece(session, Some(piece)).await?;
+    }
+    write_piece(session, None).await
 }
 
 /// A stream that cannot go on: one SSE error event (the gateway's error body: `timeout` for a
@@ -328,11 +357,7 @@ pub async fn end_stream_with_error(
     event.extend_from_slice(&render_error(status, code.as_str(), &message));
     event.extend_from_slice(b"\n\n");
     ctx.error_code = Some(code.as_str());
-    if write_piece(session, Some(Bytes::from(event)))
-        .await
-        .is_err()
-        || write_piece(session, None).await.is_err()
-    {
+    if write_last(session, Some(Bytes::from(event))).await.is_err() {
         return RelayEnd::ClientGone;
     }
     RelayEnd::StreamError(message)

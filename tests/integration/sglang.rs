@@ -323,6 +323,39 @@ async fn prefill_error_fails_fast_and_drops_the_decode_leg() {
     );
 }
 
+/// The gateway gathers a stream's writes only while the next piece is already in hand
+/// (`src/gather.rs`): tokens the engine produces one at a time reach the client one at a time,
+/// the first while the engine is still generating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_tokens_reach_the_client_as_the_engine_makes_them() {
+    let itl = Duration::from_millis(250);
+    let fleet = SglangFleet::start(|c| c.itl_ms = itl.as_millis() as u64).await;
+    let gw = gateway_for(&fleet, "").await;
+    let body = json!({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": true});
+    let mut s = gw.stream("/v1/chat/completions", &body).await;
+    assert_eq!(s.status, 200);
+    let mut tokens = Vec::new();
+    while let Some(chunk) = s.next_chunk().await {
+        let chunk = chunk.expect("chunk ok");
+        if tokens.is_empty() {
+            assert!(
+                !fleet.decode.records().iter().all(|r| r.is_done()),
+                "the first chunk arrived after the engine had finished"
+            );
+        }
+        if std::str::from_utf8(&chunk.data).is_ok_and(|t| t.contains("\"content\"")) {
+            tokens.push(chunk.at);
+        }
+    }
+    // Six tokens 250 ms apart: held to the end they would arrive at once.
+    let spread = tokens.last().unwrap().duration_since(tokens[0]);
+    assert!(
+        tokens.len() >= 2 && spread >= itl * 2,
+        "{} token chunks over {spread:?}",
+        tokens.len()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_hang_up_mid_stream_drops_both_legs() {
     let fleet = SglangFleet::start(|c| c.itl_ms = 50).await;

@@ -31,7 +31,7 @@ use super::prepare::Prepared;
 use crate::head::Head;
 use crate::legs::dispatch::Attempt;
 use crate::legs::parallel::PdLabels;
-use crate::legs::relay::write_piece;
+use crate::legs::relay::{write_last, write_piece};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON};
@@ -301,7 +301,7 @@ pub async fn relay(
             if !plan.streaming {
                 return out.send_body(session, ctx, plan.decode).await;
             }
-            if out.flush(session).await.is_err() || write_piece(session, None).await.is_err() {
+            if out.end_stream(session).await.is_err() {
                 return Attempt::ClientGone;
             }
             return Attempt::Answered;
@@ -563,10 +563,12 @@ impl Output {
     ) -> Result<(), Attempt> {
         let head = stream_head(ctx, decode)
             .map_err(|e| Attempt::Refused(Reply::error(ErrorCode::InternalError, e.to_string())))?;
-        crate::legs::relay::start_stream(session, ctx, head, 200)
-            .await
-            .map_err(|()| Attempt::ClientGone)?;
+        // The stream's opening bytes follow the head at once: one client write for both.
         self.writer.start(&mut self.buf);
+        crate::gather::hold(session, !self.buf.is_empty());
+        let started = crate::legs::relay::start_stream(session, ctx, head, 200).await;
+        crate::gather::hold(session, false);
+        started.map_err(|()| Attempt::ClientGone)?;
         self.flush(session).await.map_err(|()| Attempt::ClientGone)
     }
 
@@ -577,6 +579,12 @@ impl Output {
         }
         let chunk = Bytes::from(std::mem::take(&mut self.buf));
         write_piece(session, Some(chunk)).await.map_err(|_| ())
+    }
+
+    /// Ends a stream: what the writer produced last and the end of the body, in one write.
+    async fn end_stream(&mut self, session: &mut Session) -> Result<(), ()> {
+        let last = Bytes::from(std::mem::take(&mut self.buf));
+        write_last(session, Some(last)).await.map_err(|_| ())
     }
 
     /// A non-streamed answer: the whole body.
@@ -610,7 +618,7 @@ impl Output {
         self.writer
             .fail(&mut self.buf, &StreamFailure::new(code, message));
         ctx.error_code = Some(code.as_str());
-        if self.flush(session).await.is_err() || write_piece(session, None).await.is_err() {
+        if self.end_stream(session).await.is_err() {
             return Attempt::ClientGone;
         }
         Attempt::EndedWithError(message.to_string())
