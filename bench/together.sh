@@ -14,6 +14,7 @@
 #
 # Knobs: A, B (executables taking `run -c FILE`; default A = this tree's release pdgate, B
 # required), ROUNDS (10), C (32 connections per gateway), STREAM (off | on), DURATION (3 s),
+# ANSWER_TOKENS (16: the engines' output tokens per answer, e.g. 400 for a ~2.3 KB answer),
 # BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), PORT_BASE (24700), OUT (bench/results;
 # writes together.md and logs/ under it).
 set -euo pipefail
@@ -29,6 +30,7 @@ ROUNDS=${ROUNDS:-10}
 C=${C:-32}
 STREAM=${STREAM:-off}
 DURATION=${DURATION:-3}
+ANSWER_TOKENS=${ANSWER_TOKENS:-16}
 
 LOG_TAG=together
 # shellcheck source=bench/lib.sh
@@ -40,7 +42,7 @@ http=http://127.0.0.1
 for i in 2 3; do
   port_free $((PORT_BASE + i)) || die "port $((PORT_BASE + i)) is busy (set PORT_BASE)"
   "$BIN/pdgate-bench" canned-engine --host 127.0.0.1 --port $((PORT_BASE + i)) \
-    >"$OUT/logs/together-engine-$i.log" 2>&1 &
+    --stream-chunks "$ANSWER_TOKENS" >"$OUT/logs/together-engine-$i.log" 2>&1 &
   PIDS+=("$!")
   wait_http "$http:$((PORT_BASE + i))/health" || die "engine did not start"
 done
@@ -52,7 +54,7 @@ pid_b=$GW_PID
 
 md=$OUT/together.md
 {
-  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); A=$A B=$B; c=$C per gateway, stream=$STREAM, ${DURATION} s"
+  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); A=$A B=$B; c=$C per gateway, stream=$STREAM, $ANSWER_TOKENS output tokens, ${DURATION} s"
   echo
   echo "| round | A req/s | A CPU µs/req | B req/s | B CPU µs/req | A ÷ B CPU |"
   echo "|---:|---:|---:|---:|---:|---:|"
