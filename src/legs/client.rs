@@ -473,6 +473,11 @@ fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+/// One step of [`OpenLeg::next_chunk`]: the payload decoded from what has arrived, if any.
+fn decode_piece(d: &mut BodyDecoder, buf: &mut BytesMut) -> Result<Option<Bytes>, FramingError> {
+    d.decode(buf).map(|out| (!out.is_empty()).then_some(out))
+}
+
 /// A leg whose response head has arrived. Dropping it closes the connection.
 pub struct OpenLeg {
     stream: Stream,
@@ -541,9 +546,7 @@ impl OpenLeg {
     /// the next read when there is none); `None` at the end of the body. Cancel-safe: a read
     /// that is dropped loses nothing.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, LegError> {
-        let next = self
-            .read_payload(|d, buf| d.decode(buf).map(|out| (!out.is_empty()).then_some(out)))
-            .await;
+        let next = self.read_payload(decode_piece).await;
         self.trace_read(next.as_ref().map(|p| p.as_ref().map(Bytes::len)));
         next
     }
@@ -552,22 +555,7 @@ impl OpenLeg {
     /// the end of the body, or its error) is already in hand, `None` when it needs a read that
     /// may wait. Reads nothing unless the last read left bytes waiting in the socket.
     pub fn piece_in_hand(&mut self) -> Option<Result<Option<Bytes>, LegError>> {
-        let piece = if self.decoder.is_done() {
-            Some(Ok(None))
-        } else if let Err(e) = self.take_waiting() {
-            Some(Err(e))
-        } else {
-            let piece = match self.decoder.decode(&mut self.buf) {
-                Ok(out) if !out.is_empty() => Some(Ok(Some(out))),
-                Ok(_) if self.decoder.is_done() => Some(Ok(None)),
-                Ok(_) => None,
-                Err(e) => Some(Err(LegError::new(LegErrorKind::Body, e))),
-            };
-            if self.buf.is_empty() {
-                self.buf = BytesMut::new();
-            }
-            piece
-        };
+        let piece = self.payload_in_hand(&decode_piece);
         // Traced as `next_chunk` traces what it hands out.
         if let Some(read) = &piece {
             self.trace_read(read.as_ref().map(|p| p.as_ref().map(Bytes::len)));
@@ -603,22 +591,8 @@ impl OpenLeg {
         step: impl Fn(&mut BodyDecoder, &mut BytesMut) -> Result<Option<T>, FramingError>,
     ) -> Result<Option<T>, LegError> {
         loop {
-            if self.decoder.is_done() {
-                return Ok(None);
-            }
-            self.take_waiting()?;
-            let out = step(&mut self.decoder, &mut self.buf)
-                .map_err(|e| LegError::new(LegErrorKind::Body, e))?;
-            // A buffer left empty is let go: an open stream waits for its next event holding
-            // none (the piece handed out keeps what it needs until it is written).
-            if self.buf.is_empty() {
-                self.buf = BytesMut::new();
-            }
-            if out.is_some() {
-                return Ok(out);
-            }
-            if self.decoder.is_done() {
-                return Ok(None);
+            if let Some(out) = self.payload_in_hand(&step) {
+                return out;
             }
             let want = self.decoder.expected().map_or(self.read_size, |n| {
                 n.clamp(self.read_size as u64, self.read_max as u64) as usize
@@ -630,6 +604,33 @@ impl OpenLeg {
                     .finish()
                     .map_err(|e| LegError::new(LegErrorKind::Body, e))?;
             }
+        }
+    }
+
+    /// Decodes with `step` what has arrived, without waiting: `Some` with its payload, the end
+    /// of the body (`Ok(None)`) or its error; `None` when it needs another read.
+    fn payload_in_hand<T>(
+        &mut self,
+        step: &impl Fn(&mut BodyDecoder, &mut BytesMut) -> Result<Option<T>, FramingError>,
+    ) -> Option<Result<Option<T>, LegError>> {
+        if self.decoder.is_done() {
+            return Some(Ok(None));
+        }
+        if let Err(e) = self.take_waiting() {
+            return Some(Err(e));
+        }
+        let out = match step(&mut self.decoder, &mut self.buf) {
+            Ok(out) => out,
+            Err(e) => return Some(Err(LegError::new(LegErrorKind::Body, e))),
+        };
+        // A buffer left empty is let go: an open stream waits for its next event holding
+        // none (the piece handed out keeps what it needs until it is written).
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+        match out {
+            Some(out) => Some(Ok(Some(out))),
+            None => self.decoder.is_done().then_some(Ok(None)),
         }
     }
 
