@@ -326,7 +326,7 @@ impl Run<'_> {
                 return Attempt::Refused(Reply::error(ErrorCode::InternalError, e.to_string()))
             }
         };
-        if relay::start_stream(session, ctx, head, status)
+        if relay::start_stream(session, ctx, head, status, false)
             .await
             .is_err()
         {
@@ -423,10 +423,9 @@ impl Run<'_> {
             }
         }
         tail.extend_from_slice(b"data: [DONE]\n\n");
-        if relay::write_piece(session, Some(Bytes::from(tail)))
+        if relay::write_last(session, Some(Bytes::from(tail)))
             .await
             .is_err()
-            || relay::write_piece(session, None).await.is_err()
         {
             return Attempt::ClientGone;
         }
@@ -497,7 +496,7 @@ impl Run<'_> {
         if let Some(p) = live.prefill.as_mut() {
             p.mute();
         }
-        if relay::write_piece(session, Some(out)).await.is_err() {
+        if relay::write_piece(session, Some(out), false).await.is_err() {
             return Some(Attempt::ClientGone);
         }
         None

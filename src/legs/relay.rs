@@ -135,13 +135,15 @@ pub fn routed_to(reply: Reply, decode: &Worker) -> Reply {
     }
 }
 
-/// Sends a stream's head: from here on the request can no longer be retried. `Err`: the client
-/// is gone.
+/// Sends a stream's head: from here on the request can no longer be retried. `more`: the first
+/// piece is already in hand and written next, so the head waits for it (one client write, see
+/// [`write_piece`]). `Err`: the client is gone.
 pub async fn start_stream(
     session: &mut Session,
     ctx: &mut RequestCtx,
     head: ResponseHeader,
     status: u16,
+    more: bool,
 ) -> Result<(), ()> {
     ctx.status = status;
     ctx.response_started = true;
@@ -150,6 +152,7 @@ pub async fn start_stream(
     if crate::proxy::cors::decorate(ctx.cors.as_ref(), &mut head).is_err() {
         return Err(());
     }
+    crate::gather::hold(session, more);
     session
         .write_response_header(Box::new(head), false)
         .await
@@ -199,17 +202,12 @@ pub fn relay<'a>(
         // client write as the head: the head's flush is held (`crate::gather`). Only pieces
         // relayed as they are (no logprobs merge) are looked ahead: each is then non-empty, so
         // a held flush is always followed by a write.
-        let mut in_hand = if merge.is_none() {
-            leg.piece_in_hand()
-        } else {
-            None
-        };
-        crate::gather::hold(session, in_hand.is_some());
-        if Box::pin(start_stream(session, ctx, head, status))
+        let look_ahead = merge.is_none();
+        let mut in_hand = look_ahead.then(|| leg.piece_in_hand()).flatten();
+        if Box::pin(start_stream(session, ctx, head, status, in_hand.is_some()))
             .await
             .is_err()
         {
-            crate::gather::hold(session, false);
             return (RelayEnd::ClientGone, None);
         }
         let mut done = DoneDetector::new();
@@ -279,11 +277,11 @@ pub fn relay<'a>(
                 }
             }
             // The next piece (or the end) already here: this one waits for it in the buffer.
-            if merge.is_none() {
-                in_hand = leg.piece_in_hand();
-                crate::gather::hold(session, in_hand.is_some());
-            }
-            if write_piece(session, Some(out)).await.is_err() {
+            in_hand = look_ahead.then(|| leg.piece_in_hand()).flatten();
+            if write_piece(session, Some(out), in_hand.is_some())
+                .await
+                .is_err()
+            {
                 return (RelayEnd::ClientGone, None);
             }
         }
@@ -305,12 +303,17 @@ pub fn relay<'a>(
 /// directly: the proxy `Session`'s write is sized for every kind of session (768 bytes against
 /// 320), and the relay holds it for the life of the stream. Same steps as that write: the
 /// downstream modules' body filter, then the session's write.
-pub async fn write_piece(session: &mut Session, piece: Option<Bytes>) -> pingora::Result<()> {
+///
+/// `more`: the caller writes its next piece at once (it is already in hand), so this one's flush
+/// is held and both leave in one client write (`crate::gather`); otherwise this write, and
+/// whatever was held before it, goes out now. The end of an answer always goes out.
+pub async fn write_piece(
+    session: &mut Session,
+    piece: Option<Bytes>,
+    more: bool,
+) -> pingora::Result<()> {
     let end = piece.is_none();
-    if end {
-        // The end of an answer is always sent: whatever was held goes with it.
-        crate::gather::hold(session, false);
-    }
+    crate::gather::hold(session, more && !end);
     let mut body = piece;
     session
         .downstream_modules_ctx
@@ -333,10 +336,9 @@ pub async fn write_piece(session: &mut Session, piece: Option<Bytes>) -> pingora
 /// Writes the last piece of a streamed answer (if any) and its end in one client write.
 pub async fn write_last(session: &mut Session, last: Option<Bytes>) -> pingora::Result<()> {
     if let Some(piece) = last.filter(|p| !p.is_empty()) {
-        crate::gather::hold(session, true);
-        write_piece(session, Some(piece)).await?;
+        write_piece(session, Some(piece), true).await?;
     }
-    write_piece(session, None).await
+    write_piece(session, None, false).await
 }
 
 /// A stream that cannot go on: one SSE error event (the gateway's error body: `timeout` for a

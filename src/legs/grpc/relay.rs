@@ -565,10 +565,9 @@ impl Output {
             .map_err(|e| Attempt::Refused(Reply::error(ErrorCode::InternalError, e.to_string())))?;
         // The stream's opening bytes follow the head at once: one client write for both.
         self.writer.start(&mut self.buf);
-        crate::gather::hold(session, !self.buf.is_empty());
-        let started = crate::legs::relay::start_stream(session, ctx, head, 200).await;
-        crate::gather::hold(session, false);
-        started.map_err(|()| Attempt::ClientGone)?;
+        crate::legs::relay::start_stream(session, ctx, head, 200, !self.buf.is_empty())
+            .await
+            .map_err(|()| Attempt::ClientGone)?;
         self.flush(session).await.map_err(|()| Attempt::ClientGone)
     }
 
@@ -578,7 +577,9 @@ impl Output {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::take(&mut self.buf));
-        write_piece(session, Some(chunk)).await.map_err(|_| ())
+        write_piece(session, Some(chunk), false)
+            .await
+            .map_err(|_| ())
     }
 
     /// Ends a stream: what the writer produced last and the end of the body, in one write.
