@@ -75,11 +75,18 @@ impl Gathered {
         Poll::Ready(Ok(()))
     }
 
-    fn gather(&mut self, data: &[u8]) {
-        if self.out.capacity() == 0 {
-            self.out.reserve(data.len().max(FIRST_ROOM));
+    /// Copies `pieces` (`total` bytes) into the buffer when they fit under [`GATHER_MAX`].
+    fn gather(&mut self, pieces: &[IoSlice<'_>], total: usize) -> bool {
+        if self.out.len() + total > GATHER_MAX {
+            return false;
         }
-        self.out.extend_from_slice(data);
+        if self.out.capacity() == 0 {
+            self.out.reserve(total.max(FIRST_ROOM));
+        }
+        for piece in pieces {
+            self.out.extend_from_slice(piece);
+        }
+        true
     }
 }
 
@@ -113,8 +120,7 @@ impl AsyncWrite for Gathered {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.out.len() + data.len() <= GATHER_MAX {
-            this.gather(data);
+        if this.gather(&[IoSlice::new(data)], data.len()) {
             return Poll::Ready(Ok(data.len()));
         }
         // Too much to copy: what is gathered and this write leave together.
@@ -147,13 +153,7 @@ impl AsyncWrite for Gathered {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if this.out.len() + total <= GATHER_MAX {
-            if this.out.capacity() == 0 {
-                this.out.reserve(total.max(FIRST_ROOM));
-            }
-            for b in bufs {
-                this.out.extend_from_slice(b);
-            }
+        if this.gather(bufs, total) {
             return Poll::Ready(Ok(total));
         }
         let first = bufs
