@@ -281,23 +281,32 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
         .map(|t| m(t, "rps", false, 64).1)
         .max()
         .unwrap_or(0);
-    let mut out = format!("| 1 KB chat, {rounds} round(s), medians | {d} |");
-    if let Some(f) = floor {
-        let _ = write!(out, " {f} |");
-    }
-    let _ = write!(out, " {p} | {s} | {s} ÷ {p} |");
-    if let Some(f) = floor {
-        let _ = write!(out, " {s} ÷ {f} |");
-    }
-    let _ = write!(out, " {s} − {d} |");
-    if let Some(f) = floor {
-        let _ = write!(out, " {f} − {d} |");
-    }
-    out.push_str(if floor.is_some() {
-        "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-    } else {
-        "\n|---|---:|---:|---:|---:|---:|\n"
-    });
+    // Columns: label, direct, floor, peer, subject, subject ÷ peer, subject ÷ floor,
+    // subject − direct, floor − direct; the floor's three only when it ran.
+    const FLOOR_COLUMNS: [usize; 3] = [2, 6, 8];
+    let line = |cells: [String; 9]| {
+        let kept: Vec<String> = cells
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| floor.is_some() || !FLOOR_COLUMNS.contains(i))
+            .map(|(_, c)| c)
+            .collect();
+        format!("| {} |\n", kept.join(" | "))
+    };
+    let f = floor.unwrap_or("floor");
+    let mut out = line([
+        format!("1 KB chat, {rounds} round(s), medians"),
+        d.into(),
+        f.into(),
+        p.into(),
+        s.into(),
+        format!("{s} ÷ {p}"),
+        format!("{s} ÷ {f}"),
+        format!("{s} − {d}"),
+        format!("{f} − {d}"),
+    ]);
+    let columns = if floor.is_some() { 8 } else { 5 };
+    out.push_str(&format!("|---|{}\n", "---:|".repeat(columns)));
     // One row: the targets' values (direct, floor, peer, subject), the subject's ratios to the
     // peer and the floor, and (for latencies) the subject's and the floor's excess over direct.
     let mut row = |label: &str, vals: [Option<f64>; 4], digits: usize, excess_us: bool| {
@@ -310,25 +319,17 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
             };
             x.map_or_else(|| "–".into(), |x| format!("{x:.0} µs"))
         };
-        let _ = write!(out, "| {label} | {} |", fmt(direct, digits));
-        if floor.is_some() {
-            let _ = write!(out, " {} |", fmt(fl, digits));
-        }
-        let _ = write!(
-            out,
-            " {} | {} | {} |",
+        out.push_str(&line([
+            label.into(),
+            fmt(direct, digits),
+            fmt(fl, digits),
             fmt(peer, digits),
             fmt(subject, digits),
-            fmt(ratio(subject, peer), 2)
-        );
-        if floor.is_some() {
-            let _ = write!(out, " {} |", fmt(ratio(subject, fl), 2));
-        }
-        let _ = write!(out, " {} |", excess(subject));
-        if floor.is_some() {
-            let _ = write!(out, " {} |", excess(fl));
-        }
-        out.push('\n');
+            fmt(ratio(subject, peer), 2),
+            fmt(ratio(subject, fl), 2),
+            excess(subject),
+            excess(fl),
+        ]));
     };
     let of =
         |t: Option<&str>, key: &str, stream: bool, c: u64| t.and_then(|t| m(t, key, stream, c).0);
