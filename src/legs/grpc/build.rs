@@ -15,10 +15,11 @@
 use pdgate_convert::{Constraint, SamplingParams};
 use pdgate_proto::{sglang, tokenspeed, vllm};
 
-use super::engine::GenerateRequest;
+use super::engine::{EngineRequest, GenerateRequest};
 use super::media::Processing;
 use super::mm_inputs::{self, MediaLeg};
 use super::prepare::Prepared;
+use super::prompt_wire::IdsField;
 
 /// SGLang's sampling defaults for fields the client left out.
 const SGLANG_TEMPERATURE: f32 = 1.0;
@@ -57,12 +58,10 @@ pub fn sglang(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Generat
         }
     }
     let logprobs = p.gen.logprobs;
-    GenerateRequest::Sglang(Box::new(sglang::GenerateRequest {
+    let msg = EngineRequest::Sglang(Box::new(sglang::GenerateRequest {
         request_id: leg.request_id.to_string(),
-        tokenized: Some(sglang::TokenizedInput {
-            original_text: String::new(),
-            input_ids: p.prompt_ids.clone(),
-        }),
+        // The prompt follows the message (`prompt_wire`).
+        tokenized: None,
         sampling_params: Some(sglang::SamplingParams {
             temperature: s.temperature.unwrap_or(SGLANG_TEMPERATURE),
             top_p: s.top_p.unwrap_or(SGLANG_TOP_P),
@@ -110,19 +109,21 @@ pub fn sglang(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Generat
         stream: leg.stream,
         mm_inputs: p.media.as_ref().map(|m| mm_inputs::sglang(m, leg.media)),
         ..Default::default()
-    }))
+    }));
+    GenerateRequest {
+        msg,
+        prompt: p.prompt_wire.field(&p.prompt_ids, IdsField::Second),
+    }
 }
 
 /// The TokenSpeed leg.
 pub fn tokenspeed(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> GenerateRequest {
     let s = &p.gen.sampling;
     let logprobs = p.gen.logprobs;
-    GenerateRequest::TokenSpeed(Box::new(tokenspeed::GenerateRequest {
+    let msg = EngineRequest::TokenSpeed(Box::new(tokenspeed::GenerateRequest {
         request_id: leg.request_id.to_string(),
-        tokenized: Some(tokenspeed::TokenizedInput {
-            input_ids: p.prompt_ids.clone(),
-            original_text: String::new(),
-        }),
+        // The prompt follows the message (`prompt_wire`).
+        tokenized: None,
         sampling_params: Some(tokenspeed::SamplingParams {
             temperature: s.temperature,
             top_p: s.top_p,
@@ -182,7 +183,11 @@ pub fn tokenspeed(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Gen
             _ => None,
         },
         ..Default::default()
-    }))
+    }));
+    GenerateRequest {
+        msg,
+        prompt: p.prompt_wire.field(&p.prompt_ids, IdsField::First),
+    }
 }
 
 /// The vLLM handoff a leg carries.
@@ -213,7 +218,8 @@ pub fn vllm_decode(
         vllm_sampling(s, p.gen.logprobs.map(|l| l.top_logprobs)),
         handoff,
     );
-    if let (Some(id), GenerateRequest::Vllm(r)) = (identity, &mut req) {
+    if let (Some(id), EngineRequest::Vllm(r)) = (identity, &mut req.msg) {
+        req.prompt = bytes::Bytes::new();
         r.input = Some(vllm::generate_request::Input::Tokenized(
             vllm::TokenizedInput {
                 original_text: String::new(),
@@ -276,14 +282,10 @@ fn vllm_request(
         ),
         Some(m) => (Some(mm_inputs::vllm(m, leg.media)), None),
     };
-    GenerateRequest::Vllm(Box::new(vllm::GenerateRequest {
+    let msg = EngineRequest::Vllm(Box::new(vllm::GenerateRequest {
         request_id: leg.request_id.to_string(),
-        input: Some(vllm::generate_request::Input::Tokenized(
-            vllm::TokenizedInput {
-                original_text: String::new(),
-                input_ids: p.prompt_ids.clone(),
-            },
-        )),
+        // The prompt follows the message (`prompt_wire`).
+        input: None,
         sampling_params: Some(sampling),
         stream: leg.stream,
         kv_transfer_params: legacy,
@@ -292,7 +294,11 @@ fn vllm_request(
         mm_inputs,
         media_refs,
         ..Default::default()
-    }))
+    }));
+    GenerateRequest {
+        msg,
+        prompt: p.prompt_wire.field(&p.prompt_ids, IdsField::Second),
+    }
 }
 
 fn vllm_sampling(s: &SamplingParams, top_logprobs: Option<u32>) -> vllm::SamplingParams {

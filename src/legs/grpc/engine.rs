@@ -6,9 +6,13 @@
 //! TokenSpeed's are running totals. In stream mode a `complete` repeats only the last delta in
 //! `output_ids` (the servicers' code), so the stream's tokens come from the chunks.
 
-use super::channel::LegChannel;
+use bytes::Bytes;
+use http::uri::PathAndQuery;
 use pdgate_proto::{sglang, tokenspeed, vllm};
 use tonic::{Status, Streaming};
+
+use super::channel::LegChannel;
+use super::prompt_wire::{LegCodec, Outgoing};
 
 use crate::config::RuntimeType;
 
@@ -37,8 +41,15 @@ impl Engine {
     }
 }
 
-/// A `GenerateRequest` for one engine.
-pub enum GenerateRequest {
+/// A `GenerateRequest` for one engine: its message without the prompt field, and that field
+/// encoded once per request ([`super::prompt_wire`]; empty when the message has its own input).
+pub struct GenerateRequest {
+    pub msg: EngineRequest,
+    pub prompt: Bytes,
+}
+
+/// One engine's `GenerateRequest` message.
+pub enum EngineRequest {
     Sglang(Box<sglang::GenerateRequest>),
     Vllm(Box<vllm::GenerateRequest>),
     TokenSpeed(Box<tokenspeed::GenerateRequest>),
@@ -144,32 +155,71 @@ pub async fn generate(
     req: GenerateRequest,
     trace: TraceMetadata,
 ) -> Result<ResponseStream, Status> {
-    let (engine, inner) = match req {
-        GenerateRequest::Sglang(r) => (
+    // The generated clients' `generate`, with the codec that appends the shared prompt.
+    async fn call<M, R>(
+        channel: LegChannel,
+        path: &'static str,
+        msg: M,
+        prompt: Bytes,
+        trace: &TraceMetadata,
+    ) -> Result<Streaming<R>, Status>
+    where
+        M: prost::Message + Send + 'static,
+        R: prost::Message + Default + Send + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unknown(format!("Service was not ready: {e}")))?;
+        let request = with_trace(Outgoing { msg, prompt }, trace);
+        let response = grpc
+            .server_streaming(
+                request,
+                PathAndQuery::from_static(path),
+                LegCodec::<M, R>::default(),
+            )
+            .await?;
+        Ok(response.into_inner())
+    }
+    let GenerateRequest { msg, prompt } = req;
+    let (engine, inner) = match msg {
+        EngineRequest::Sglang(r) => (
             Engine::Sglang,
             Inner::Sglang(
-                sglang::sglang_scheduler_client::SglangSchedulerClient::new(channel)
-                    .generate(with_trace(*r, &trace))
-                    .await?
-                    .into_inner(),
+                call(
+                    channel,
+                    "/sglang.grpc.scheduler.SglangScheduler/Generate",
+                    *r,
+                    prompt,
+                    &trace,
+                )
+                .await?,
             ),
         ),
-        GenerateRequest::Vllm(r) => (
+        EngineRequest::Vllm(r) => (
             Engine::Vllm,
             Inner::Vllm(
-                vllm::vllm_engine_client::VllmEngineClient::new(channel)
-                    .generate(with_trace(*r, &trace))
-                    .await?
-                    .into_inner(),
+                call(
+                    channel,
+                    "/vllm.grpc.engine.VllmEngine/Generate",
+                    *r,
+                    prompt,
+                    &trace,
+                )
+                .await?,
             ),
         ),
-        GenerateRequest::TokenSpeed(r) => (
+        EngineRequest::TokenSpeed(r) => (
             Engine::TokenSpeed,
             Inner::TokenSpeed(
-                tokenspeed::token_speed_scheduler_client::TokenSpeedSchedulerClient::new(channel)
-                    .generate(with_trace(*r, &trace))
-                    .await?
-                    .into_inner(),
+                call(
+                    channel,
+                    "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate",
+                    *r,
+                    prompt,
+                    &trace,
+                )
+                .await?,
             ),
         ),
     };

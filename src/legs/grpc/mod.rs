@@ -3,7 +3,7 @@
 //! the engine's input itself and turns its token stream into the client's response.
 //!
 //! `prepare` (once per request: convert, template, tokenize) → `build` (each engine's
-//! `GenerateRequest`) → `parallel` (SGLang, TokenSpeed) or `sequential` (vLLM) over `leg` (a
+//! `GenerateRequest`; the prompt's ids encoded once for every leg, `prompt_wire`) → `parallel` (SGLang, TokenSpeed) or `sequential` (vLLM) over `leg` (a
 //! `Generate` call that aborts itself when dropped, through `engine`) → `relay` (detokenize,
 //! stops, the route's JSON or SSE).
 
@@ -16,6 +16,7 @@ pub mod media;
 pub mod mm_inputs;
 pub mod parallel;
 pub mod prepare;
+pub mod prompt_wire;
 pub mod relay;
 pub mod sequential;
 

@@ -11,6 +11,7 @@ use pdgate_filters::errors::ErrorCode;
 use pdgate_tokenize::{ChatInput, Tokenizer};
 use serde_json::{Map, Value};
 
+use super::prompt_wire::PromptWire;
 use crate::gateway::Gateway;
 use crate::legs::request::PdRequest;
 use crate::reply::Reply;
@@ -26,6 +27,8 @@ pub struct Prepared {
     pub tokenizer: Arc<Tokenizer>,
     /// The prompt's token ids.
     pub prompt_ids: Vec<u32>,
+    /// `prompt_ids` as the legs' prompt field, encoded once for all of them.
+    pub prompt_wire: PromptWire,
     /// The prompt as text (the rendered chat, or the client's text): the engines' logs
     /// (`original_text`) and completions `echo`.
     pub prompt_text: String,
@@ -115,6 +118,7 @@ pub async fn prepare(gw: &Gateway, req: &PdRequest, pair: &Pair) -> Result<Arc<P
         gen,
         tokenizer,
         prompt_ids,
+        prompt_wire: PromptWire::default(),
         prompt_text,
         single_token_stops,
         created,
