@@ -15,7 +15,8 @@
 //! Settings are SMG's channel settings (see [`crate::workers::grpc`]): HTTP/2 keep-alive pings
 //! every 30 s with a 10 s timeout, also while idle (a connection whose ping goes unanswered is
 //! closed), TCP keep-alive 60 s, no Nagle, 16/32 MiB windows, the worker's connect timeout, no
-//! server push. The windows stay at their initial sizes (hyper's adaptive window would only
+//! server push; more reset streams remembered than h2's default ([`RESET_STREAMS_REMEMBERED`]).
+//! The windows stay at their initial sizes (hyper's adaptive window would only
 //! grow them; a leg's messages are small).
 //!
 //! Failures: a connection that cannot be made, or that closed under a call, is `UNAVAILABLE`
@@ -42,6 +43,14 @@ use crate::workers::grpc::{
     CONNECTION_WINDOW, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, STREAM_WINDOW, TCP_KEEPALIVE,
 };
 use crate::workers::WorkerAddress;
+
+/// Streams this side reset (a leg dropped mid-call: the client went away, an abort) that h2
+/// remembers for 30 s, so the frames the engine had already sent on them are dropped quietly.
+/// h2's default is 10; a stream reset past that many is forgotten, and each frame that then
+/// arrives on it is a protocol error h2 counts — 1,024 of them close the connection and every
+/// call on it. A gateway whose clients hang up by the hundred needs a longer memory (each
+/// is a few hundred bytes while remembered).
+const RESET_STREAMS_REMEMBERED: usize = 1024;
 
 /// `user-agent` of every call (engines log it).
 const USER_AGENT: &str = concat!("pdgate/", env!("CARGO_PKG_VERSION"));
@@ -133,6 +142,7 @@ impl Shared {
                 .initial_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
                 .enable_push(false)
+                .max_concurrent_reset_streams(RESET_STREAMS_REMEMBERED)
                 .handshake::<_, Bytes>(tcp)
                 .await
                 .map_err(|e| unavailable("HTTP/2 handshake with", &e))

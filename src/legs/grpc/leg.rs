@@ -13,8 +13,9 @@
 //! has not "opened" has produced nothing: the deferral covers that window too.
 
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use super::channel::LegChannel;
@@ -27,6 +28,10 @@ use crate::workers::Worker;
 
 /// The longest a dropped decode that produced nothing is waited on before its abort.
 pub const DEFERRED_ABORT_CAP: Duration = Duration::from_secs(30);
+
+/// The longest a completed leg's stream is read for its end (the status trailers) once its
+/// last message came.
+const STREAM_END_WAIT: Duration = Duration::from_secs(5);
 
 /// Deadline of one `Abort` RPC.
 const ABORT_DEADLINE: Duration = Duration::from_secs(10);
@@ -153,9 +158,11 @@ impl GrpcLeg {
         self.opened
     }
 
-    /// The leg ended normally: dropping it sends no abort.
+    /// The leg ended normally: dropping it sends no abort, and its stream is read to its end.
     pub fn completed(&mut self) {
-        self.call = Call::Over;
+        if let Call::Open(stream) = std::mem::replace(&mut self.call, Call::Over) {
+            read_to_end(stream);
+        }
         if let Some(span) = self.trace.as_deref_mut() {
             span.grpc_ok();
         }
@@ -208,6 +215,31 @@ impl Drop for GrpcLeg {
     }
 }
 
+/// Reads a completed call's stream to its end — its trailers — now if they have arrived, else in
+/// a task that waits at most [`STREAM_END_WAIT`]. A stream dropped before its trailers is reset
+/// (`RST_STREAM`), and the trailers that arrive after it are, once more resets are pending than
+/// h2 remembers, protocol errors that h2 counts: at its limit it closes the whole connection
+/// with every call on it (the bench lost a worker that way after ~1,000 requests at c=32).
+fn read_to_end(mut stream: Box<ResponseStream>) {
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        match pin!(stream.next()).poll(&mut cx) {
+            Poll::Ready(Ok(Some(_))) => continue,
+            Poll::Ready(Ok(None) | Err(_)) => return,
+            Poll::Pending => break,
+        }
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let _ = tokio::time::timeout(STREAM_END_WAIT, async {
+            while let Ok(Some(_)) = stream.next().await {}
+        })
+        .await;
+    });
+}
+
 /// Resolves when the call produced its first message (`true`: it still runs and needs its
 /// abort), or ended or failed on its own (`false`).
 async fn still_running(call: Call) -> bool {
@@ -220,4 +252,124 @@ async fn still_running(call: Call) -> bool {
         Call::Over => return false,
     };
     matches!(stream.next().await, Ok(Some(m)) if !matches!(m, Message::Complete(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{WorkerSpec, WorkerType};
+    use crate::workers::WorkerAddress;
+    use bytes::{BufMut, Bytes, BytesMut};
+    use pdgate_proto::sglang;
+    use prost::Message as _;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// How each call on the test server ended.
+    #[derive(Default)]
+    struct Ends {
+        /// Reset by the client after its last message, before its trailers.
+        reset: AtomicUsize,
+        /// Trailers sent: the stream ended normally.
+        trailers: AtomicUsize,
+    }
+
+    /// An h2 server answering every call with one `complete` and, `gap` later, its status
+    /// trailers — unless the client resets the stream in between.
+    async fn late_trailers_server(gap: Duration) -> (std::net::SocketAddr, Arc<Ends>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ends = Arc::new(Ends::default());
+        let seen = ends.clone();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(tcp).await.unwrap();
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut body = req.into_body();
+                    while let Some(Ok(_)) = body.data().await {}
+                    let head = http::Response::builder()
+                        .header("content-type", "application/grpc")
+                        .body(())
+                        .unwrap();
+                    let mut send = respond.send_response(head, false).unwrap();
+                    let msg = sglang::GenerateResponse {
+                        request_id: "r".into(),
+                        response: Some(sglang::generate_response::Response::Complete(
+                            sglang::GenerateComplete {
+                                output_ids: vec![7],
+                                finish_reason: "stop".into(),
+                                ..Default::default()
+                            },
+                        )),
+                    };
+                    let mut frame = BytesMut::new();
+                    frame.put_u8(0);
+                    frame.put_u32(msg.encoded_len() as u32);
+                    msg.encode(&mut frame).unwrap();
+                    send.send_data(frame.freeze(), false).unwrap();
+                    let reset =
+                        tokio::time::timeout(gap, std::future::poll_fn(|cx| send.poll_reset(cx)))
+                            .await;
+                    if reset.is_ok() {
+                        seen.reset.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                    if send.send_trailers(trailers).is_ok() {
+                        seen.trailers.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        (addr, ends)
+    }
+
+    /// A completed leg whose trailers come after its last message is read to its end, not
+    /// reset: resets of streams whose trailers were already on the way are what h2 counts
+    /// against the connection (at 1,024 it closes it, failing every call on it).
+    #[tokio::test]
+    async fn a_completed_leg_is_read_to_its_end_not_reset() {
+        let (addr, ends) = late_trailers_server(Duration::from_millis(300)).await;
+        let url = format!("grpc://{addr}");
+        let worker = Worker::for_test(WorkerSpec::new(&url, WorkerType::Decode));
+        let channel = LegChannel::lazy(
+            &WorkerAddress::parse(&url).unwrap(),
+            addr,
+            Duration::from_secs(5),
+        );
+        for i in 0..3 {
+            let req = GenerateRequest {
+                msg: super::super::engine::EngineRequest::Sglang(Box::default()),
+                prompt: Bytes::new(),
+            };
+            let mut leg = GrpcLeg::start(
+                worker.clone(),
+                channel.clone(),
+                Engine::Sglang,
+                format!("r-{i}"),
+                req,
+                true,
+                None,
+            );
+            assert!(matches!(leg.next().await, Ok(Some(Message::Complete(_)))));
+            leg.completed();
+            drop(leg);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while ends.reset.load(Ordering::SeqCst) + ends.trailers.load(Ordering::SeqCst) < 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the calls did not end"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            ends.reset.load(Ordering::SeqCst),
+            0,
+            "a completed leg was reset"
+        );
+        assert_eq!(ends.trailers.load(Ordering::SeqCst), 3);
+    }
 }
