@@ -14,7 +14,9 @@
 #
 # Knobs: A, B (executables taking `run -c FILE`; default A = this tree's release pdgate, B
 # required), ROUNDS (10), C (32 connections per gateway), STREAM (off | on), DURATION (3 s),
-# ANSWER_TOKENS (16: the engines' output tokens per answer, e.g. 400 for a ~2.3 KB answer),
+# ANSWER_TOKENS (16: the HTTP engines' output tokens per answer, e.g. 400 for a ~2.3 KB answer),
+# TRANSPORT (http | grpc: two gRPC SGLang mocks, `mock-engine --transport grpc --role both`, and
+# both gateways tokenizing with `pdgate-bench write-model`'s model, as run.sh's gRPC modes),
 # BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), PORT_BASE (24700), OUT (bench/results;
 # writes together.md and logs/ under it).
 set -euo pipefail
@@ -31,6 +33,7 @@ C=${C:-32}
 STREAM=${STREAM:-off}
 DURATION=${DURATION:-3}
 ANSWER_TOKENS=${ANSWER_TOKENS:-16}
+TRANSPORT=${TRANSPORT:-http}
 
 LOG_TAG=together
 # shellcheck source=bench/lib.sh
@@ -39,22 +42,46 @@ source "$ROOT/bench/lib.sh"
 build_binaries
 mkdir -p "$OUT/logs"
 http=http://127.0.0.1
-for i in 2 3; do
-  port_free $((PORT_BASE + i)) || die "port $((PORT_BASE + i)) is busy (set PORT_BASE)"
-  "$BIN/pdgate-bench" canned-engine --host 127.0.0.1 --port $((PORT_BASE + i)) \
-    --stream-chunks "$ANSWER_TOKENS" >"$OUT/logs/together-engine-$i.log" 2>&1 &
-  PIDS+=("$!")
-  wait_http "$http:$((PORT_BASE + i))/health" || die "engine did not start"
-done
-workers="$(worker_yaml "$http:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "$http:$((PORT_BASE + 3))" decode)"
-GW_EXE=$A start_pdgate together-a $((PORT_BASE + 10)) round_robin "$workers"
+extra=
+case $TRANSPORT in
+  http)
+    for i in 2 3; do
+      port_free $((PORT_BASE + i)) || die "port $((PORT_BASE + i)) is busy (set PORT_BASE)"
+      "$BIN/pdgate-bench" canned-engine --host 127.0.0.1 --port $((PORT_BASE + i)) \
+        --stream-chunks "$ANSWER_TOKENS" >"$OUT/logs/together-engine-$i.log" 2>&1 &
+      PIDS+=("$!")
+      wait_http "$http:$((PORT_BASE + i))/health" || die "engine did not start"
+    done
+    scheme=http
+    ;;
+  grpc)
+    model=$OUT/logs/together-model
+    read -r ids eos <<<"$("$BIN/pdgate-bench" write-model "$model")" || die "write-model failed"
+    for i in 2 3; do
+      port_free $((PORT_BASE + i)) || die "port $((PORT_BASE + i)) is busy (set PORT_BASE)"
+      port_free $((PORT_BASE + i + 4)) || die "port $((PORT_BASE + i + 4)) is busy (set PORT_BASE)"
+      "$BIN/mock-engine" --transport grpc --engine sglang --role both --host 127.0.0.1 \
+        --port $((PORT_BASE + i)) --control-port $((PORT_BASE + i + 4)) --output-ids "$ids" \
+        --eos-ids "$eos" --tokenizer-path "$model" --ttft-ms 0 --itl-ms 0 \
+        --max-model-len 1000000 --max-running-requests 100000 \
+        >"$OUT/logs/together-engine-$i.log" 2>&1 &
+      PIDS+=("$!")
+      wait_http "$http:$((PORT_BASE + i + 4))/health" || die "engine did not start"
+    done
+    scheme=grpc
+    extra="  model_path: $model"
+    ;;
+  *) die "TRANSPORT is http or grpc, not $TRANSPORT" ;;
+esac
+workers="$(worker_yaml "$scheme://127.0.0.1:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "$scheme://127.0.0.1:$((PORT_BASE + 3))" decode)"
+GW_EXE=$A start_pdgate together-a $((PORT_BASE + 10)) round_robin "$workers" "$extra"
 pid_a=$GW_PID
-GW_EXE=$B start_pdgate together-b $((PORT_BASE + 12)) round_robin "$workers"
+GW_EXE=$B start_pdgate together-b $((PORT_BASE + 12)) round_robin "$workers" "$extra"
 pid_b=$GW_PID
 
 md=$OUT/together.md
 {
-  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); A=$A B=$B; c=$C per gateway, stream=$STREAM, $ANSWER_TOKENS output tokens, ${DURATION} s"
+  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); A=$A B=$B; c=$C per gateway, stream=$STREAM, $TRANSPORT, $ANSWER_TOKENS output tokens, ${DURATION} s"
   echo
   echo "| round | A req/s | A CPU µs/req | B req/s | B CPU µs/req | A ÷ B CPU |"
   echo "|---:|---:|---:|---:|---:|---:|"
@@ -73,10 +100,13 @@ for r in $(seq 1 "$ROUNDS"); do
   row=$(python3 - "$OUT/logs/together-a-r$r.jsonl" "$OUT/logs/together-b-r$r.jsonl" <<'EOF'
 import json, sys
 a, b = (json.loads(open(p).read().splitlines()[-1]) for p in sys.argv[1:3])
+for side, r in (("A", a), ("B", b)):
+    if r.get("errors") or r["gateway_cpu_us_per_req"] is None:
+        sys.exit(f"{side}: {r.get('errors')} requests failed, e.g. {r.get('error_samples')}")
 ca, cb = a["gateway_cpu_us_per_req"], b["gateway_cpu_us_per_req"]
 print(f'{a["rps"]:.0f} | {ca:.0f} | {b["rps"]:.0f} | {cb:.0f} | {ca / cb:.3f}')
 EOF
-)
+) || die "round $r: a gateway failed requests (logs: $OUT/logs/together-a.log, -b.log)"
   echo "| $r | $row |" >>"$md"
   ratios+=("${row##* }")
   log "round $r: $row"
