@@ -15,7 +15,8 @@
 //! Settings are SMG's channel settings (see [`crate::workers::grpc`]): HTTP/2 keep-alive pings
 //! every 30 s with a 10 s timeout, also while idle (a connection whose ping goes unanswered is
 //! closed), TCP keep-alive 60 s, no Nagle, 16/32 MiB windows, the worker's connect timeout, no
-//! server push; more reset streams remembered than h2's default ([`RESET_STREAMS_REMEMBERED`]).
+//! server push; more reset streams remembered than h2's default, and no limit on the frames that
+//! arrive on forgotten ones ([`RESET_STREAMS_REMEMBERED`]).
 //! The windows stay at their initial sizes (hyper's adaptive window would only
 //! grow them; a leg's messages are small).
 //!
@@ -46,10 +47,14 @@ use crate::workers::WorkerAddress;
 
 /// Streams this side reset (a leg dropped mid-call: the client went away, an abort) that h2
 /// remembers for 30 s, so the frames the engine had already sent on them are dropped quietly.
-/// h2's default is 10; a stream reset past that many is forgotten, and each frame that then
-/// arrives on it is a protocol error h2 counts — 1,024 of them close the connection and every
-/// call on it. A gateway whose clients hang up by the hundred needs a longer memory (each
-/// is a few hundred bytes while remembered).
+/// h2's default is 10 (each is a few hundred bytes while remembered).
+///
+/// A frame that arrives on a reset stream h2 has forgotten is a protocol error, which h2
+/// answers with another reset and counts for the connection's lifetime; by default, at 1,024
+/// it closes the connection with every call on it. That limit is a server's defence against a
+/// hostile client; here the peer is the gateway's own engine, and a few thousand clients hanging
+/// up together (a load balancer restarting) must not cut every other stream on that worker.
+/// So the count is not limited ([`h2::client::Builder::max_local_error_reset_streams`]).
 const RESET_STREAMS_REMEMBERED: usize = 1024;
 
 /// `user-agent` of every call (engines log it).
@@ -143,6 +148,7 @@ impl Shared {
                 .initial_connection_window_size(CONNECTION_WINDOW)
                 .enable_push(false)
                 .max_concurrent_reset_streams(RESET_STREAMS_REMEMBERED)
+                .max_local_error_reset_streams(None)
                 .handshake::<_, Bytes>(tcp)
                 .await
                 .map_err(|e| unavailable("HTTP/2 handshake with", &e))
@@ -336,5 +342,85 @@ mod tests {
         }
         // The next call does not get the closed connection.
         assert!(channel.shared.open_sender().is_none());
+    }
+
+    /// Many calls dropped at once while the engine is still sending on them (clients hanging up
+    /// together): the frames that arrive after the resets do not close the connection.
+    #[tokio::test]
+    async fn a_mass_hang_up_does_not_close_the_connection() {
+        // Four times the resets h2 remembers here: frames arrive on thousands of forgotten streams.
+        const CALLS: usize = 4 * RESET_STREAMS_REMEMBERED;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = listener.local_addr().unwrap();
+        let resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = resets.clone();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(tcp).await.unwrap();
+            while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let head = http::Response::builder().body(()).unwrap();
+                    let mut send = respond.send_response(head, false).unwrap();
+                    // Tokens as fast as it can until the client resets the stream (a
+                    // generating engine: there are always tokens on the way).
+                    loop {
+                        if send.send_data(Bytes::from_static(b"token"), false).is_err() {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                        let reset = std::future::poll_fn(|cx| {
+                            Poll::Ready(matches!(send.poll_reset(cx), Poll::Ready(_)))
+                        })
+                        .await;
+                        if reset {
+                            break;
+                        }
+                    }
+                    seen.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        let address = WorkerAddress::parse(&format!("grpc://{socket}")).unwrap();
+        let channel = LegChannel::lazy(&address, socket, Duration::from_secs(10));
+        let open = channel.shared.sender().await.unwrap();
+        let mut calls = Vec::with_capacity(CALLS);
+        for _ in 0..CALLS {
+            let mut sender = open.sender.clone().ready().await.unwrap();
+            let request = Request::post(format!("http://{socket}/x"))
+                .body(())
+                .unwrap();
+            let (response, mut stream) = sender.send_request(request, false).unwrap();
+            stream.send_data(Bytes::from_static(b"call"), true).unwrap();
+            calls.push(response);
+        }
+        let mut bodies = Vec::with_capacity(CALLS);
+        for response in calls {
+            let mut body = response.await.unwrap().into_body();
+            // The first token came: the engine is generating.
+            body.data().await.unwrap().unwrap();
+            bodies.push(body);
+        }
+        // Every client hangs up at once.
+        drop(bodies);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while resets.load(Ordering::SeqCst) < CALLS {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the engine saw {} of {CALLS} calls end",
+                resets.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A call after the storm still goes out on the same connection.
+        let mut sender = open.sender.clone().ready().await.unwrap();
+        let request = Request::post(format!("http://{socket}/x"))
+            .body(())
+            .unwrap();
+        let (response, mut stream) = sender.send_request(request, false).unwrap();
+        stream.send_data(Bytes::from_static(b"call"), true).unwrap();
+        let mut body = response.await.expect("the connection survived").into_body();
+        body.data().await.unwrap().unwrap();
+        assert!(!open.closed.load(Ordering::Acquire));
     }
 }
