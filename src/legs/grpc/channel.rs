@@ -46,8 +46,8 @@ use crate::workers::grpc::{
 use crate::workers::WorkerAddress;
 
 /// Streams this side reset (a leg dropped mid-call: the client went away, an abort) that h2
-/// remembers for 30 s, so the frames the engine had already sent on them are dropped quietly.
-/// h2's default is 10 (each is a few hundred bytes while remembered).
+/// remembers (for 1 s, its default), so the frames the engine had already sent on them are
+/// dropped quietly. h2's default is 50 (each is a few hundred bytes while remembered).
 ///
 /// A frame that arrives on a reset stream h2 has forgotten is a protocol error, which h2
 /// answers with another reset and counts for the connection's lifetime; by default, at 1,024
@@ -354,14 +354,24 @@ mod tests {
         let socket = listener.local_addr().unwrap();
         let resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let seen = resets.clone();
+        // Generation starts once every call is open (else the first calls' tokens would fill
+        // the connection's flow-control window before the last calls got theirs).
+        let (all_open, started) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
             let mut conn = h2::server::handshake(tcp).await.unwrap();
+            let mut accepted = 0;
             while let Some(Ok((_req, mut respond))) = conn.accept().await {
                 let seen = seen.clone();
+                let mut started = started.clone();
+                accepted += 1;
+                if accepted == CALLS {
+                    all_open.send_replace(true);
+                }
                 tokio::spawn(async move {
                     let head = http::Response::builder().body(()).unwrap();
                     let mut send = respond.send_response(head, false).unwrap();
+                    let _ = started.wait_for(|go| *go).await;
                     // Tokens as fast as it can until the client resets the stream (a
                     // generating engine: there are always tokens on the way).
                     loop {
@@ -384,22 +394,26 @@ mod tests {
         let address = WorkerAddress::parse(&format!("grpc://{socket}")).unwrap();
         let channel = LegChannel::lazy(&address, socket, Duration::from_secs(10));
         let open = channel.shared.sender().await.unwrap();
-        let mut calls = Vec::with_capacity(CALLS);
-        for _ in 0..CALLS {
-            let mut sender = open.sender.clone().ready().await.unwrap();
-            let request = Request::post(format!("http://{socket}/x"))
-                .body(())
-                .unwrap();
-            let (response, mut stream) = sender.send_request(request, false).unwrap();
-            stream.send_data(Bytes::from_static(b"call"), true).unwrap();
-            calls.push(response);
-        }
+        // A call of one message, as a leg makes it; resolves with the response head.
+        let call = |open: &Open| {
+            let open = open.clone();
+            async move {
+                let mut sender = open.sender.ready().await?;
+                let request = Request::post(format!("http://{socket}/x"))
+                    .body(())
+                    .unwrap();
+                let (response, mut stream) = sender.send_request(request, false)?;
+                stream.send_data(Bytes::from_static(b"call"), true)?;
+                response.await
+            }
+        };
         let mut bodies = Vec::with_capacity(CALLS);
-        for response in calls {
-            let mut body = response.await.unwrap().into_body();
+        for _ in 0..CALLS {
+            bodies.push(call(&open).await.unwrap().into_body());
+        }
+        for body in &mut bodies {
             // The first token came: the engine is generating.
             body.data().await.unwrap().unwrap();
-            bodies.push(body);
         }
         // Every client hangs up at once.
         drop(bodies);
@@ -413,13 +427,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // A call after the storm still goes out on the same connection.
-        let mut sender = open.sender.clone().ready().await.unwrap();
-        let request = Request::post(format!("http://{socket}/x"))
-            .body(())
-            .unwrap();
-        let (response, mut stream) = sender.send_request(request, false).unwrap();
-        stream.send_data(Bytes::from_static(b"call"), true).unwrap();
-        let mut body = response.await.expect("the connection survived").into_body();
+        let mut body = call(&open)
+            .await
+            .expect("the connection survived")
+            .into_body();
         body.data().await.unwrap().unwrap();
         assert!(!open.closed.load(Ordering::Acquire));
     }

@@ -146,84 +146,65 @@ mod tests {
         ]
     }
 
-    /// prost's encoding of the whole message equals its encoding without the prompt field
-    /// followed by ours, for each engine's layout; and the message parses back the same.
+    /// `msg` encoded by prost, `prompt` appended, parsed back.
+    fn with_prompt<M: Message + Default>(msg: &M, prompt: &[u8]) -> M {
+        let mut wire = msg.encode_to_vec();
+        wire.extend_from_slice(prompt);
+        M::decode(&wire[..]).unwrap()
+    }
+
+    /// prost's encoding of the prompt field alone, as `field` 2 of the request.
+    fn prost_field<M: Message>(field: &M) -> Vec<u8> {
+        let mut alone = Vec::new();
+        prost::encoding::message::encode(2, field, &mut alone);
+        alone
+    }
+
+    /// Our prompt field is byte for byte what prost writes for it, for each engine's layout,
+    /// and a message with it appended parses as the message with its prompt set.
     #[test]
     fn appended_prompt_is_what_prost_writes_for_the_field() {
         for ids in id_sets() {
             let wire = PromptWire::default();
-            let sg = sglang::GenerateRequest {
+            let sg = sglang::TokenizedInput {
+                original_text: String::new(),
+                input_ids: ids.clone(),
+            };
+            let prompt = wire.field(&ids, IdsField::Second);
+            assert_eq!(&prompt[..], &prost_field(&sg)[..], "{} ids", ids.len());
+            let msg = sglang::GenerateRequest {
                 request_id: "r-1".into(),
                 stream: true,
                 ..Default::default()
             };
-            let full = sglang::GenerateRequest {
-                tokenized: Some(sglang::TokenizedInput {
-                    original_text: String::new(),
-                    input_ids: ids.clone(),
-                }),
-                ..sg.clone()
-            };
-            let mut ours = sg.encode_to_vec();
-            let prompt = wire.field(&ids, IdsField::Second);
-            ours.extend_from_slice(&prompt);
-            // prost writes fields in number order, so the bytes differ from `full`'s in
-            // order only: the field alone is prost's, and the message parses back the same.
-            let mut alone = Vec::new();
-            prost::encoding::message::encode(2, full.tokenized.as_ref().unwrap(), &mut alone);
-            assert_eq!(&prompt[..], &alone[..], "sglang, {} ids", ids.len());
-            assert_eq!(sglang::GenerateRequest::decode(&ours[..]).unwrap(), full);
+            let back = with_prompt(&msg, &prompt);
+            assert_eq!(back.tokenized.as_ref(), Some(&sg));
+            assert_eq!(back.request_id, "r-1");
+            assert!(back.stream);
             // Encoded once: a second leg gets the same bytes.
             assert_eq!(wire.field(&ids, IdsField::Second).as_ptr(), prompt.as_ptr());
 
-            let ts_field = tokenspeed::TokenizedInput {
+            let ts = tokenspeed::TokenizedInput {
                 input_ids: ids.clone(),
                 original_text: String::new(),
             };
-            let mut alone = Vec::new();
-            prost::encoding::message::encode(2, &ts_field, &mut alone);
-            assert_eq!(&wire.field(&ids, IdsField::First)[..], &alone[..]);
-            let ts = tokenspeed::GenerateRequest {
-                request_id: "r-2".into(),
-                ..Default::default()
-            };
-            let mut ours = ts.encode_to_vec();
-            ours.extend_from_slice(&wire.field(&ids, IdsField::First));
-            let back = tokenspeed::GenerateRequest::decode(&ours[..]).unwrap();
-            assert_eq!(back.tokenized, Some(ts_field));
+            let prompt = wire.field(&ids, IdsField::First);
+            assert_eq!(&prompt[..], &prost_field(&ts)[..]);
+            let back = with_prompt(&tokenspeed::GenerateRequest::default(), &prompt);
+            assert_eq!(back.tokenized, Some(ts));
 
-            let vl = vllm::GenerateRequest {
-                request_id: "r-3".into(),
-                ..Default::default()
+            let vl = vllm::TokenizedInput {
+                original_text: String::new(),
+                input_ids: ids.clone(),
             };
-            let mut ours = vl.encode_to_vec();
-            ours.extend_from_slice(&wire.field(&ids, IdsField::Second));
-            let back = vllm::GenerateRequest::decode(&ours[..]).unwrap();
+            let back = with_prompt(
+                &vllm::GenerateRequest::default(),
+                &wire.field(&ids, IdsField::Second),
+            );
             assert_eq!(
                 back.input,
-                Some(vllm::generate_request::Input::Tokenized(
-                    vllm::TokenizedInput {
-                        original_text: String::new(),
-                        input_ids: ids.clone(),
-                    }
-                ))
+                Some(vllm::generate_request::Input::Tokenized(vl))
             );
-        }
-    }
-
-    #[test]
-    fn varint_lengths_match_prost() {
-        for v in [
-            0u64,
-            1,
-            127,
-            128,
-            16_383,
-            16_384,
-            u64::from(u32::MAX),
-            u64::MAX,
-        ] {
-            assert_eq!(varint_len(v), prost::encoding::encoded_len_varint(v), "{v}");
         }
     }
 }
