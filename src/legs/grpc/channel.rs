@@ -15,8 +15,9 @@
 //! Settings are SMG's channel settings (see [`crate::workers::grpc`]): HTTP/2 keep-alive pings
 //! every 30 s with a 10 s timeout, also while idle (a connection whose ping goes unanswered is
 //! closed), TCP keep-alive 60 s, no Nagle, 16/32 MiB windows, the worker's connect timeout, no
-//! server push; more reset streams remembered than h2's default, and no limit on the frames that
-//! arrive on forgotten ones ([`RESET_STREAMS_REMEMBERED`]).
+//! server push; more reset streams remembered than h2's default, no limit on the frames that
+//! arrive on forgotten ones ([`RESET_STREAMS_REMEMBERED`]), and unread token frames bounded by
+//! the connection window alone ([`UNREAD_FRAME_BUDGET`]).
 //! The windows stay at their initial sizes (hyper's adaptive window would only
 //! grow them; a leg's messages are small).
 //!
@@ -56,6 +57,15 @@ use crate::workers::WorkerAddress;
 /// up together (a load balancer restarting) must not cut every other stream on that worker.
 /// So the count is not limited ([`h2::client::Builder::max_local_error_reset_streams`]).
 const RESET_STREAMS_REMEMBERED: usize = 1024;
+
+/// Unread DATA frames h2 lets a connection hold, counted as what each frame under 256 bytes
+/// costs beyond its payload (h2's own budget, by default half the connection window: 16 MiB).
+/// A token stream is frames of a few dozen bytes, and a client that stops reading stops the
+/// relay reading its leg, so h2 buffered ~70,000 of them — a few long generations to slow
+/// clients — before closing the connection and every other call on it. The connection window
+/// already bounds what is buffered (32 MiB of payload, plus h2's bookkeeping per frame); the
+/// budget is set so that only the window can run out: every byte of it in one-byte frames.
+const UNREAD_FRAME_BUDGET: usize = CONNECTION_WINDOW as usize * 256;
 
 /// `user-agent` of every call (engines log it).
 const USER_AGENT: &str = concat!("pdgate/", env!("CARGO_PKG_VERSION"));
@@ -149,6 +159,7 @@ impl Shared {
                 .enable_push(false)
                 .max_concurrent_reset_streams(RESET_STREAMS_REMEMBERED)
                 .max_local_error_reset_streams(None)
+                .data_frame_budget(UNREAD_FRAME_BUDGET)
                 .handshake::<_, Bytes>(tcp)
                 .await
                 .map_err(|e| unavailable("HTTP/2 handshake with", &e))
@@ -344,6 +355,17 @@ mod tests {
         assert!(channel.shared.open_sender().is_none());
     }
 
+    /// A call of one message on `open`, as a leg makes it; resolves with the response head.
+    async fn call(open: &Open, socket: SocketAddr) -> Result<Response<h2::RecvStream>, h2::Error> {
+        let mut sender = open.sender.clone().ready().await?;
+        let request = Request::post(format!("http://{socket}/x"))
+            .body(())
+            .unwrap();
+        let (response, mut stream) = sender.send_request(request, false)?;
+        stream.send_data(Bytes::from_static(b"call"), true)?;
+        response.await
+    }
+
     /// Many calls dropped at once while the engine is still sending on them (clients hanging up
     /// together): the frames that arrive after the resets do not close the connection.
     #[tokio::test]
@@ -394,22 +416,9 @@ mod tests {
         let address = WorkerAddress::parse(&format!("grpc://{socket}")).unwrap();
         let channel = LegChannel::lazy(&address, socket, Duration::from_secs(10));
         let open = channel.shared.sender().await.unwrap();
-        // A call of one message, as a leg makes it; resolves with the response head.
-        let call = |open: &Open| {
-            let open = open.clone();
-            async move {
-                let mut sender = open.sender.ready().await?;
-                let request = Request::post(format!("http://{socket}/x"))
-                    .body(())
-                    .unwrap();
-                let (response, mut stream) = sender.send_request(request, false)?;
-                stream.send_data(Bytes::from_static(b"call"), true)?;
-                response.await
-            }
-        };
         let mut bodies = Vec::with_capacity(CALLS);
         for _ in 0..CALLS {
-            bodies.push(call(&open).await.unwrap().into_body());
+            bodies.push(call(&open, socket).await.unwrap().into_body());
         }
         for body in &mut bodies {
             // The first token came: the engine is generating.
@@ -427,11 +436,74 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // A call after the storm still goes out on the same connection.
-        let mut body = call(&open)
+        let mut body = call(&open, socket)
             .await
             .expect("the connection survived")
             .into_body();
         body.data().await.unwrap().unwrap();
         assert!(!open.closed.load(Ordering::Acquire));
+    }
+
+    /// A stream nobody reads for a while (its client stopped reading) while the engine keeps
+    /// generating: the connection holds its tokens and serves other calls, up to its window.
+    #[tokio::test]
+    async fn an_unread_token_stream_does_not_close_the_connection() {
+        // 100,000 tokens of 40 bytes: 4 MB, within the stream's window; past h2's default
+        // budget for small frames (~70,000 of this size).
+        const TOKENS: usize = 100_000;
+        const TOKEN: usize = 40;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(tcp).await.unwrap();
+            let mut first = true;
+            while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                let tokens = if first { TOKENS } else { 1 };
+                first = false;
+                tokio::spawn(async move {
+                    let head = http::Response::builder().body(()).unwrap();
+                    let mut send = respond.send_response(head, false).unwrap();
+                    let token = Bytes::from(vec![b't'; TOKEN]);
+                    for i in 1..=tokens {
+                        if send.send_data(token.clone(), false).is_err() {
+                            return;
+                        }
+                        if i % 1_000 == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    // Held open: the client decides when the call ends.
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        let address = WorkerAddress::parse(&format!("grpc://{socket}")).unwrap();
+        let channel = LegChannel::lazy(&address, socket, Duration::from_secs(10));
+        let open = channel.shared.sender().await.unwrap();
+        let mut stalled = call(&open, socket).await.unwrap().into_body();
+        // Wait until every token has arrived unread (the stream's window shrank by all of
+        // them), or the connection closed.
+        let all_in = STREAM_WINDOW as isize - (TOKENS * TOKEN) as isize;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while stalled.flow_control().available_capacity() > all_in
+            && !open.closed.load(Ordering::Acquire)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the tokens did not arrive"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            !open.closed.load(Ordering::Acquire),
+            "unread tokens closed the connection"
+        );
+        let mut other = call(&open, socket)
+            .await
+            .expect("the connection survived")
+            .into_body();
+        assert!(other.data().await.unwrap().is_ok());
+        drop(stalled);
     }
 }
