@@ -112,7 +112,7 @@ pub fn sglang(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Generat
     }));
     GenerateRequest {
         msg,
-        prompt: p.prompt_wire.field(&p.prompt_ids, IdsField::Second),
+        prompt: p.prompt_field(IdsField::Second),
     }
 }
 
@@ -186,7 +186,7 @@ pub fn tokenspeed(p: &Prepared, leg: &LegSpec<'_>, bootstrap: &Bootstrap) -> Gen
     }));
     GenerateRequest {
         msg,
-        prompt: p.prompt_wire.field(&p.prompt_ids, IdsField::First),
+        prompt: p.prompt_field(IdsField::First),
     }
 }
 
@@ -297,7 +297,7 @@ fn vllm_request(
     }));
     GenerateRequest {
         msg,
-        prompt: p.prompt_wire.field(&p.prompt_ids, IdsField::Second),
+        prompt: p.prompt_field(IdsField::Second),
     }
 }
 

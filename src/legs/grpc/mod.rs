@@ -3,9 +3,10 @@
 //! the engine's input itself and turns its token stream into the client's response.
 //!
 //! `prepare` (once per request: convert, template, tokenize) → `build` (each engine's
-//! `GenerateRequest`; the prompt's ids encoded once for every leg, `prompt_wire`) → `parallel` (SGLang, TokenSpeed) or `sequential` (vLLM) over `leg` (a
-//! `Generate` call that aborts itself when dropped, through `engine`) → `relay` (detokenize,
-//! stops, the route's JSON or SSE).
+//! `GenerateRequest`; the prompt's ids encoded once for every leg, `prompt_wire`) →
+//! `parallel` (SGLang, TokenSpeed) or `sequential` (vLLM) over `leg` (a `Generate` call that
+//! aborts itself when dropped, through `engine`) → `relay` (detokenize, stops, the route's JSON
+//! or SSE).
 
 pub mod build;
 pub mod channel;

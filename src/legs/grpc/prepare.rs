@@ -11,7 +11,7 @@ use pdgate_filters::errors::ErrorCode;
 use pdgate_tokenize::{ChatInput, Tokenizer};
 use serde_json::{Map, Value};
 
-use super::prompt_wire::PromptWire;
+use super::prompt_wire::{IdsField, PromptWire};
 use crate::gateway::Gateway;
 use crate::legs::request::PdRequest;
 use crate::reply::Reply;
@@ -27,8 +27,9 @@ pub struct Prepared {
     pub tokenizer: Arc<Tokenizer>,
     /// The prompt's token ids.
     pub prompt_ids: Vec<u32>,
-    /// `prompt_ids` as the legs' prompt field, encoded once for all of them.
-    pub prompt_wire: PromptWire,
+    /// `prompt_ids` as the legs' prompt field, encoded once for all of them
+    /// ([`Prepared::prompt_field`]).
+    prompt_wire: PromptWire,
     /// The prompt as text (the rendered chat, or the client's text): the engines' logs
     /// (`original_text`) and completions `echo`.
     pub prompt_text: String,
@@ -124,6 +125,14 @@ pub async fn prepare(gw: &Gateway, req: &PdRequest, pair: &Pair) -> Result<Arc<P
         created,
         media,
     }))
+}
+
+impl Prepared {
+    /// The legs' prompt field (`GenerateRequest.tokenized` with [`Prepared::prompt_ids`]) for
+    /// the engine's `TokenizedInput` layout, encoded on the first leg that asks.
+    pub fn prompt_field(&self, layout: IdsField) -> bytes::Bytes {
+        self.prompt_wire.field(&self.prompt_ids, layout)
+    }
 }
 
 /// `chat_template_kwargs` with the client's thinking preference as `enable_thinking`, unless

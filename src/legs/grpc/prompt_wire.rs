@@ -43,7 +43,11 @@ pub struct PromptWire {
 }
 
 impl PromptWire {
-    /// `GenerateRequest.tokenized` carrying `ids`, for the layout `field`; encoded once.
+    /// `GenerateRequest.tokenized` carrying `ids`, for the layout `field`; encoded once, so
+    /// every call on one `PromptWire` must pass the same ids ([`Prepared::prompt_field`] is
+    /// the one caller that does).
+    ///
+    /// [`Prepared::prompt_field`]: super::prepare::Prepared::prompt_field
     pub fn field(&self, ids: &[u32], field: IdsField) -> Bytes {
         self.encoded[field as usize - 1]
             .get_or_init(|| encode_tokenized(ids, field))
@@ -123,7 +127,8 @@ impl<M: Message> Encoder for OutgoingEncoder<M> {
     type Error = Status;
 
     fn encode(&mut self, item: Outgoing<M>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        buf.reserve(item.msg.encoded_len() + item.prompt.len());
+        // No `reserve` first: it would be one more length pass over the message, which prost's
+        // `encode` makes itself; tonic's buffer starts at 8 KiB and grows as written.
         item.msg
             .encode(buf)
             .map_err(|e| Status::internal(format!("encoding the request: {e}")))?;
