@@ -30,8 +30,8 @@ pub struct Settings {
     pub api_key: Option<String>,
     /// Without an API key, peers allowed to call mutating admin routes (default: loopback).
     pub admin_trusted: Vec<crate::config::IpNet>,
-    /// Request-id headers, lowercase, checked in order.
-    pub request_id_headers: Vec<String>,
+    /// Request-id headers, checked in order (parsed once: a lookup by name hashes it directly).
+    pub request_id_headers: Vec<http::HeaderName>,
     pub retry: RetrySettings,
     /// How long `/health_generate` waits for each engine (the health-check timeout, at least 5 s:
     /// the engines run a real generation).
@@ -96,7 +96,11 @@ impl Settings {
             admin_trusted: cfg
                 .admin_trusted_nets()
                 .unwrap_or_else(|_| crate::config::IpNet::loopback()),
-            request_id_headers: cfg.request_id_header_names(),
+            request_id_headers: cfg
+                .request_id_header_names()
+                .iter()
+                .filter_map(|h| http::HeaderName::from_bytes(h.as_bytes()).ok())
+                .collect(),
             retry: cfg.retry(),
             worker_defaults: WorkerDefaults::from_config(cfg),
             overload_retry_after_secs: cfg.overload().retry_after_secs,
@@ -225,6 +229,13 @@ impl Gateway {
     /// The current settings (a reload swaps in new ones; holders keep theirs).
     pub fn settings(&self) -> Arc<Settings> {
         self.settings.load_full()
+    }
+
+    /// The current settings for a read right away, not held across an `.await`: no reference
+    /// count is touched (every request's `Arc` clone and drop of one shared count made the two
+    /// workers' cores pass its cache line back and forth).
+    pub fn settings_now(&self) -> arc_swap::Guard<Arc<Settings>> {
+        self.settings.load()
     }
 
     /// The fetcher of the media policy in effect (one per configuration).

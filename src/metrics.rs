@@ -6,6 +6,8 @@
 
 use std::sync::LazyLock;
 
+use crate::labelled::{Labelled, LabelledCounters, LabelledHistogram};
+
 use pingora_prometheus::prometheus::{
     self, register_gauge_vec, register_histogram, register_histogram_vec, register_int_counter,
     register_int_counter_vec, register_int_gauge, register_int_gauge_vec, GaugeVec, Histogram,
@@ -27,11 +29,11 @@ pub const UNKNOWN_MODEL: &str = "unknown";
 pub const HTTP: &str = "http";
 
 pub struct Metrics {
-    pub router_requests: IntCounterVec,
-    pub router_request_duration: HistogramVec,
-    pub router_request_errors: IntCounterVec,
-    pub pd_ttft: HistogramVec,
-    pub pd_prefill_duration: HistogramVec,
+    pub router_requests: LabelledCounters,
+    pub router_request_duration: LabelledHistogram,
+    pub router_request_errors: LabelledCounters,
+    pub pd_ttft: LabelledHistogram,
+    pub pd_prefill_duration: LabelledHistogram,
     pub pd_kv_transfer_duration: HistogramVec,
     pub pd_kv_connector_mode: IntCounterVec,
     pub pd_kv_transfer_failures: IntCounter,
@@ -43,14 +45,14 @@ pub struct Metrics {
     pub pd_canaries: IntCounterVec,
     pub pd_capacity_pressure: GaugeVec,
     pub pd_link_trips: IntCounter,
-    pub pd_handoff_outcome: IntCounterVec,
+    pub pd_handoff_outcome: LabelledCounters,
     pub pd_recomputed_prompt_tokens: IntCounterVec,
     pub admission_inflight: IntGauge,
     pub admission_queue_depth: IntGauge,
     pub admission_queue_rejected: IntCounterVec,
     pub admission_queue_wait: Histogram,
     pub http_rate_limit: IntCounterVec,
-    pub worker_selection: IntCounterVec,
+    pub worker_selection: LabelledCounters,
     pub worker_requests_active: IntGaugeVec,
     pub worker_health: IntGaugeVec,
     pub worker_health_checks: IntCounterVec,
@@ -65,9 +67,9 @@ pub struct Metrics {
     pub worker_overload_shed: IntCounterVec,
     pub workers_overloaded: IntGaugeVec,
     pub worker_errors: IntCounterVec,
-    pub http_responses: IntCounterVec,
-    pub http_requests: IntCounterVec,
-    pub http_request_duration: HistogramVec,
+    pub http_responses: LabelledCounters,
+    pub http_requests: LabelledCounters,
+    pub http_request_duration: LabelledHistogram,
     pub worker_pool_size: IntGaugeVec,
     pub worker_routing_keys_active: IntGaugeVec,
     pub config_reloads: IntCounterVec,
@@ -84,6 +86,16 @@ pub struct Metrics {
 fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
     register_histogram_vec!(name, help, labels, DURATION_BUCKETS.to_vec())
         .expect("metric names are unique and valid")
+}
+
+/// A histogram vector updated on every request: each thread remembers its handles.
+fn remembered_histogram(name: &str, help: &str, labels: &[&str]) -> LabelledHistogram {
+    Labelled::new(histogram(name, help, labels))
+}
+
+/// A counter vector updated on every request: each thread remembers its handles.
+fn remembered_counters(name: &str, help: &str, labels: &[&str]) -> LabelledCounters {
+    Labelled::new(counter_vec(name, help, labels))
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -120,7 +132,7 @@ const ROUTER_LABELS: &[&str] = &[
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     Metrics {
-    router_requests: counter_vec(
+    router_requests: remembered_counters(
         "smg_router_requests_total",
         "Requests received by the router",
         &[
@@ -132,12 +144,12 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "streaming",
         ],
     ),
-    router_request_duration: histogram(
+    router_request_duration: remembered_histogram(
         "smg_router_request_duration_seconds",
         "Duration of successful requests, from arrival to the end of the response",
         ROUTER_LABELS,
     ),
-    router_request_errors: counter_vec(
+    router_request_errors: remembered_counters(
         "smg_router_request_errors_total",
         "Requests that ended with a non-retryable error",
         &[
@@ -149,12 +161,12 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "error_type",
         ],
     ),
-    pd_ttft: histogram(
+    pd_ttft: remembered_histogram(
         "smg_pd_ttft_seconds",
         "PD time to first token: prefill dispatch to the first decode output the client receives",
         PD_LABELS,
     ),
-    pd_prefill_duration: histogram(
+    pd_prefill_duration: remembered_histogram(
         "smg_pd_prefill_duration_seconds",
         "Prefill-leg duration",
         PD_LABELS,
@@ -209,7 +221,7 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "pdgate_pd_link_trips_total",
         "Times a prefill -> decode link was taken out of pair selection",
     ),
-    pd_handoff_outcome: counter_vec(
+    pd_handoff_outcome: remembered_counters(
         "pdgate_pd_handoff_outcome_total",
         "PD handoffs by outcome (transferred, recomputed, unknown, failed) and connector",
         &["outcome", "connector"],
@@ -244,7 +256,7 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "Admission decisions by result (allowed/rejected)",
         &["result"],
     ),
-    worker_selection: counter_vec(
+    worker_selection: remembered_counters(
         "smg_worker_selection_total",
         "Worker picks per leg",
         &["worker_type", "connection_mode", "model", "policy"],
@@ -339,12 +351,12 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "Trace spans lost: queue_full (the exporter fell behind), export_failed (the collector refused or was unreachable), shutdown (the process exited first)",
         &["reason"],
     ),
-    http_requests: counter_vec(
+    http_requests: remembered_counters(
         "smg_http_requests_total",
         "HTTP requests by method and route",
         &["method", "path"],
     ),
-    http_request_duration: histogram(
+    http_request_duration: remembered_histogram(
         "smg_http_request_duration_seconds",
         "HTTP request duration by method and route",
         &["method", "path"],
@@ -364,7 +376,7 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "Config reloads (SIGHUP, POST /reload) by result",
         &["result"],
     ),
-    http_responses: counter_vec(
+    http_responses: remembered_counters(
         "smg_http_responses_total",
         "Responses by path, status and gateway error code",
         &["path", "status_code", "error_code"],

@@ -25,12 +25,13 @@ pub async fn claim(
     let client_gone = async {
         let _ = session.read_body_or_idle(true).await;
     };
-    match admission::admit(decode, n, gw.settings().pd_admission_wait, client_gone).await {
+    let wait = gw.settings_now().pd_admission_wait;
+    match admission::admit(decode, n, wait, client_gone).await {
         Ok(slots) => Ok(slots),
         Err(NotAdmitted::ClientGone) => Err(Attempt::ClientGone),
         Err(NotAdmitted::Shed) => Err(Attempt::Refused(shed_reply(
             decode,
-            gw.settings().overload_retry_after_secs,
+            gw.settings_now().overload_retry_after_secs,
         ))),
     }
 }

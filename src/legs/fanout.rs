@@ -146,8 +146,7 @@ pub async fn attempt(
     if let Some(ttft) = ctx.ttft {
         METRICS
             .pd_ttft
-            .with_label_values(&labels.as_array())
-            .observe(ttft.as_secs_f64());
+            .with(&labels.as_array(), |m| m.observe(ttft.as_secs_f64()));
     }
     failed(&handoffs, outcome)
 }

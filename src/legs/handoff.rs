@@ -119,8 +119,7 @@ pub fn account(settings: &Settings, ctx: &RequestCtx, pair: &Pair, outcome: &Att
 fn count(outcome: &str, ctx: &RequestCtx) {
     METRICS
         .pd_handoff_outcome
-        .with_label_values(&[outcome, ctx.connector.unwrap_or("unknown")])
-        .inc();
+        .with(&[outcome, ctx.connector.unwrap_or("unknown")], |m| m.inc());
 }
 
 /// A refusal that says a leg failed after the pair was chosen (`ErrorCode::is_leg_failure`) with

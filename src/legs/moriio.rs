@@ -183,8 +183,9 @@ impl<'a> Legs<'a> {
     fn prefill_done(&self) {
         METRICS
             .pd_prefill_duration
-            .with_label_values(&self.labels.as_array())
-            .observe(self.dispatched.elapsed().as_secs_f64());
+            .with(&self.labels.as_array(), |m| {
+                m.observe(self.dispatched.elapsed().as_secs_f64())
+            });
     }
 
     /// The prefill's `kv_transfer_params`, if they are a handoff the decode engine can use.

@@ -137,12 +137,20 @@ pub async fn attempt(
     pair: &Pair,
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
-    let s = gw.settings();
+    let (dp_aware, body_limit, stall_timeout, request_timeout) = {
+        let s = gw.settings_now();
+        (
+            s.dp_aware,
+            s.max_payload_size,
+            s.stream_idle_timeout,
+            s.request_timeout,
+        )
+    };
     let Rendezvous {
         dp_place,
         target,
         dp,
-    } = Rendezvous::of(s.dp_aware, pair);
+    } = Rendezvous::of(dp_aware, pair);
     let rooms = mint_rooms(req.facts.batch, dp_place);
     ctx.room = Some(match &rooms {
         Rooms::Single(r) => *r,
@@ -208,6 +216,7 @@ pub async fn attempt(
         // relay, which runs for the life of the stream; inline, every open stream would hold
         // its size.
         let opened = tokio::select! {
+            biased;
             o = Box::pin(open_sample(gw, req, pair, &labels, legs)) => o,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         };
@@ -230,9 +239,9 @@ pub async fn attempt(
             logprobs: merge_source.as_ref().map(|o| o.as_ref()),
             dispatched,
             decode: &pair.decode,
-            body_limit: s.max_payload_size,
-            stall_timeout: s.stream_idle_timeout,
-            deadline: ctx.started + s.request_timeout,
+            body_limit,
+            stall_timeout,
+            deadline: ctx.started + request_timeout,
             prefill: Some(prefill),
             read_cache_report: false,
         };
@@ -296,7 +305,8 @@ pub async fn open_sample(
     labels: &PdLabels,
     legs: SampleLegs,
 ) -> Result<OpenSample, Reply> {
-    let s = gw.settings();
+    // Not held across an await: the read of three values, then let go.
+    let s = gw.settings_now();
     let mut prefill = PrefillLeg::new(PrefillJob {
         client: gw.client.clone(),
         worker: pair.prefill.clone(),
@@ -324,8 +334,7 @@ pub async fn open_sample(
                     if (200..300).contains(&status) {
                         METRICS
                             .pd_prefill_duration
-                            .with_label_values(&labels.as_array())
-                            .observe(duration.as_secs_f64());
+                            .with(&labels.as_array(), |m| m.observe(duration.as_secs_f64()));
                     }
                 }
                 PrefillEnd::Failed(_) => worker.record_leg(None),
@@ -350,6 +359,7 @@ pub async fn open_sample(
     } else {
         s.request_timeout
     };
+    drop(s);
     // Boxed so its state is freed once the head is in, instead of sizing this future (held
     // for the whole stream) by it.
     let mut decode_open = Box::pin(gw.client.open_traced(

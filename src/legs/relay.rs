@@ -401,7 +401,10 @@ async fn relay_whole(
 ) -> (RelayEnd, Option<OpenLeg>) {
     let deadline = tokio::time::Instant::from_std(plan.deadline);
     let mut prefill = plan.prefill.take();
+    // Biased, the body first: a body already read with the head (the usual short answer) is
+    // taken without polling the client's connection or registering the deadline's timer.
     let body = tokio::select! {
+        biased;
         b = leg.read_to_end(plan.body_limit) => b,
         _ = session.read_body_or_idle(true) => return (RelayEnd::ClientGone, None),
         _ = tokio::time::sleep_until(deadline) => Err(LegError {
@@ -496,8 +499,7 @@ pub fn relay_decode<'a>(
         if let Some(ttft) = ctx.ttft {
             METRICS
                 .pd_ttft
-                .with_label_values(&labels.as_array())
-                .observe(ttft.as_secs_f64());
+                .with(&labels.as_array(), |m| m.observe(ttft.as_secs_f64()));
         }
         // Boxed: short-lived, and this future is held by the attempt for the stream's life.
         // The leg is handed over unmatched, so no room is kept for it here.

@@ -180,10 +180,9 @@ pub async fn attempt(
             Ok(b) => b,
             Err(reply) => return Attempt::Refused(reply),
         };
-        METRICS
-            .pd_prefill_duration
-            .with_label_values(&labels.as_array())
-            .observe(dispatched.elapsed().as_secs_f64());
+        METRICS.pd_prefill_duration.with(&labels.as_array(), |m| {
+            m.observe(dispatched.elapsed().as_secs_f64())
+        });
         match (minted, connector) {
             (Some(m), _) => Some(m),
             (None, Connector::Mooncake) => None,

@@ -2,6 +2,8 @@
 //! from `Content-Length` before reading when possible), bounded in time (408 on a stalled
 //! upload), and honouring `Expect: 100-continue` (otherwise curl-like clients stall a second).
 
+use std::future::Future;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -51,11 +53,23 @@ pub async fn read_body(
     }
 
     let deadline = Instant::now() + timeout;
-    let mut buf = BytesMut::with_capacity(declared.map_or(8 * 1024, |l| l as usize));
+    // Allocated only for a body that arrives in more than one chunk.
+    let mut buf = BytesMut::new();
     let mut first: Option<Bytes> = None;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let chunk = match tokio::time::timeout(left, session.read_request_body()).await {
+        let read = {
+            let mut read = std::pin::pin!(session.read_request_body());
+            // A chunk already read with the head needs no timer (each costs the runtime's
+            // clock and a shared reference count, and a registration once it waits).
+            match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+                Poll::Ready(chunk) => Ok(chunk),
+                Poll::Pending => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::timeout(left, read).await
+                }
+            }
+        };
+        let chunk = match read {
             Err(_) => {
                 session.set_keepalive(None);
                 return Err(BodyRefusal {
@@ -87,6 +101,11 @@ pub async fn read_body(
             first = Some(chunk);
         } else {
             if let Some(f) = first.take() {
+                buf.reserve(
+                    declared
+                        .map_or(8 * 1024, |l| l as usize)
+                        .max(f.len() + chunk.len()),
+                );
                 buf.extend_from_slice(&f);
             }
             buf.extend_from_slice(&chunk);

@@ -24,18 +24,16 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
     let mut status_buf = [0u8; 20];
     let status_label = pdgate_filters::json::decimal(u64::from(status), &mut status_buf);
     let method = session.req_header().method.as_str();
-    METRICS
-        .http_responses
-        .with_label_values(&[path_label, status_label, ctx.error_code.unwrap_or("")])
-        .inc();
+    METRICS.http_responses.with(
+        &[path_label, status_label, ctx.error_code.unwrap_or("")],
+        |m| m.inc(),
+    );
     METRICS
         .http_requests
-        .with_label_values(&[method, path_label])
-        .inc();
+        .with(&[method, path_label], |m| m.inc());
     METRICS
         .http_request_duration
-        .with_label_values(&[method, path_label])
-        .observe(elapsed.as_secs_f64());
+        .with(&[method, path_label], |m| m.observe(elapsed.as_secs_f64()));
 
     if let Some(Endpoint::Pd(route)) = &ctx.endpoint {
         let model = ctx
@@ -43,27 +41,28 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
             .as_deref()
             .unwrap_or(crate::metrics::UNKNOWN_MODEL);
         let endpoint = route.metric_endpoint();
-        METRICS
-            .router_requests
-            .with_label_values(&[
+        METRICS.router_requests.with(
+            &[
                 HTTP,
                 BACKEND_PD,
                 HTTP,
                 model,
                 endpoint,
                 if ctx.streaming { "true" } else { "false" },
-            ])
-            .inc();
+            ],
+            |m| m.inc(),
+        );
         if (200..300).contains(&status) && e.is_none() {
             METRICS
                 .router_request_duration
-                .with_label_values(&[HTTP, BACKEND_PD, HTTP, model, endpoint])
-                .observe(elapsed.as_secs_f64());
+                .with(&[HTTP, BACKEND_PD, HTTP, model, endpoint], |m| {
+                    m.observe(elapsed.as_secs_f64())
+                });
         } else if status >= 400 {
-            METRICS
-                .router_request_errors
-                .with_label_values(&[HTTP, BACKEND_PD, HTTP, model, endpoint, error_type(status)])
-                .inc();
+            METRICS.router_request_errors.with(
+                &[HTTP, BACKEND_PD, HTTP, model, endpoint, error_type(status)],
+                |m| m.inc(),
+            );
         }
     }
 

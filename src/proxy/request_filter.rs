@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use http::HeaderName;
 use pdgate_filters::errors::ErrorCode;
 use pdgate_filters::{classify, scan_object, Route};
 use pingora::proxy::Session;
@@ -74,7 +75,7 @@ async fn serve(
                 | Endpoint::Reload
                 | Endpoint::DebugHandoffs
                 | Endpoint::DebugCapacity,
-            ) => !gw.settings().separate_admin,
+            ) => !gw.settings_now().separate_admin,
             _ => true,
         };
         if served {
@@ -85,7 +86,7 @@ async fn serve(
     });
     ctx.request_id = request_id(gw, session, endpoint.as_ref().ok());
     if listener == Listener::Data {
-        if let Some(policy) = &gw.settings().cors {
+        if let Some(policy) = &gw.settings_now().cors {
             let origin = session.req_header().headers.get(http::header::ORIGIN);
             ctx.cors = Some(policy.for_request(origin));
         }
@@ -141,7 +142,7 @@ async fn serve(
     };
     ctx.endpoint = Some(endpoint.clone());
 
-    if endpoint.needs_api_key() && !admin::auth::has_api_key(&gw.settings(), session) {
+    if endpoint.needs_api_key() && !admin::auth::has_api_key(&gw.settings_now(), session) {
         refuse_unread(session);
         reply::send(
             session,
@@ -186,7 +187,7 @@ async fn serve(
             Ok(true)
         }
         Endpoint::DebugHandoffs | Endpoint::DebugCapacity => {
-            let reply = if !admin::auth::may_mutate(&gw.settings(), session) {
+            let reply = if !admin::auth::may_mutate(&gw.settings_now(), session) {
                 Reply::error(
                     ErrorCode::Forbidden,
                     "debug endpoints are served only to trusted (loopback) peers when no api_key is configured",
@@ -271,13 +272,11 @@ async fn take_in(
     ctx: &mut RequestCtx,
     route: Route,
 ) -> pingora::Result<Option<PdRequest>> {
-    let refusal = match read_body(
-        session,
-        gw.settings().max_payload_size,
-        gw.settings().body_read_timeout,
-    )
-    .await
-    {
+    let (max, timeout) = {
+        let s = gw.settings_now();
+        (s.max_payload_size, s.body_read_timeout)
+    };
+    let refusal = match read_body(session, max, timeout).await {
         Ok(body) => {
             // Admitted after the body is in: a queued request is watched for its client
             // leaving, and a refused one leaves the connection reusable.
@@ -311,10 +310,8 @@ fn pd_request(
     ctx.streaming = facts.stream;
     ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref()));
     let mut routing = routing_keys(session);
-    routing.pinned = crate::workers::canary::pinned_link(
-        header_str(session, crate::workers::canary::CANARY_HEADER),
-        &gw.canary_secret,
-    );
+    routing.pinned =
+        crate::workers::canary::pinned_link(header_str(session, &CANARY), &gw.canary_secret);
     if gw.policies.load().needs_text() {
         let t = pdgate_filters::routing_text::routing_text(route, &body, &top);
         routing.text = t.text;
@@ -344,7 +341,7 @@ async fn count_tokens(
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|l| l > gw.settings().max_payload_size) {
+    if declared.is_some_and(|l| l > gw.settings_now().max_payload_size) {
         refuse_unread(session);
         reply::send(
             session,
@@ -380,8 +377,8 @@ async fn count_tokens(
         Some(w) => {
             // The body streams through Pingora's proxy loop: bound each read by the body
             // deadline (the whole-body deadline is checked per chunk in request_body_filter).
-            session.set_read_timeout(Some(gw.settings().body_read_timeout));
-            let guard = w.track(header_str(session, "x-smg-routing-key").is_some());
+            session.set_read_timeout(Some(gw.settings_now().body_read_timeout));
+            let guard = w.track(header_str(session, &ROUTING_KEY).is_some());
             ctx.single_leg = Some((w.clone(), guard));
             Ok(false)
         }
@@ -465,7 +462,13 @@ async fn admit(
     Ok(Some(true))
 }
 
-fn header_str<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
+/// The routing headers, parsed once (a lookup by `&str` parses and lowercases the name first).
+static ROUTING_KEY: HeaderName = HeaderName::from_static("x-smg-routing-key");
+static TARGET_WORKER: HeaderName = HeaderName::from_static("x-smg-target-worker");
+static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static CANARY: HeaderName = HeaderName::from_static(crate::workers::canary::CANARY_HEADER);
+
+fn header_str<'a>(session: &'a Session, name: &HeaderName) -> Option<&'a str> {
     session
         .req_header()
         .headers
@@ -476,13 +479,13 @@ fn header_str<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
 
 fn routing_keys(session: &Session) -> RoutingKeys {
     RoutingKeys {
-        routing_key: header_str(session, "x-smg-routing-key")
+        routing_key: header_str(session, &ROUTING_KEY)
             .filter(|k| k.len() <= 128)
             .map(str::to_string),
-        target_worker: header_str(session, "x-smg-target-worker").map(str::to_string),
-        implicit_key: header_str(session, "authorization")
-            .or_else(|| header_str(session, "x-forwarded-for"))
-            .or_else(|| header_str(session, "cookie"))
+        target_worker: header_str(session, &TARGET_WORKER).map(str::to_string),
+        implicit_key: header_str(session, &http::header::AUTHORIZATION)
+            .or_else(|| header_str(session, &FORWARDED_FOR))
+            .or_else(|| header_str(session, &http::header::COOKIE))
             .map(str::to_string),
         text: None,
         token_ids: None,
@@ -493,7 +496,7 @@ fn routing_keys(session: &Session) -> RoutingKeys {
 /// The request id: the first configured request-id header the client sent, else a new id with
 /// the route's prefix (`chatcmpl-`, `cmpl-`, `gnt-`, `resp-`, `msg_`, `req-`) and 24 alphanumerics.
 fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> String {
-    for name in &gw.settings().request_id_headers {
+    for name in &gw.settings_now().request_id_headers {
         if let Some(v) = header_str(session, name) {
             if v.len() <= 256 && v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
                 return v.to_string();

@@ -59,15 +59,15 @@ impl EncodePicker {
                 .copied()
                 .max_by_key(|w| weight(hash, w.url()))?,
         };
-        METRICS
-            .worker_selection
-            .with_label_values(&[
+        METRICS.worker_selection.with(
+            &[
                 "encode",
                 chosen.connection_mode().as_str(),
                 model_label,
                 policy.as_str(),
-            ])
-            .inc();
+            ],
+            |m| m.inc(),
+        );
         Some(chosen.clone())
     }
 }

@@ -197,14 +197,14 @@ pub fn select_pair(
 
     // Pairing keeps both legs on one transport, so the prefill's mode is the pair's.
     let mode = prefill.connection_mode().as_str();
-    METRICS
-        .worker_selection
-        .with_label_values(&["prefill", mode, model_label, policies.prefill.name()])
-        .inc();
-    METRICS
-        .worker_selection
-        .with_label_values(&["decode", mode, model_label, policies.decode.name()])
-        .inc();
+    METRICS.worker_selection.with(
+        &["prefill", mode, model_label, policies.prefill.name()],
+        |m| m.inc(),
+    );
+    METRICS.worker_selection.with(
+        &["decode", mode, model_label, policies.decode.name()],
+        |m| m.inc(),
+    );
     Ok(Pair { prefill, decode })
 }
 

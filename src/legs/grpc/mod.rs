@@ -229,8 +229,9 @@ impl Legs<'_> {
     pub fn prefill_done(&self, dispatched: Instant) {
         METRICS
             .pd_prefill_duration
-            .with_label_values(&self.labels.as_array())
-            .observe(dispatched.elapsed().as_secs_f64());
+            .with(&self.labels.as_array(), |m| {
+                m.observe(dispatched.elapsed().as_secs_f64())
+            });
     }
 }
 
@@ -331,10 +332,9 @@ pub fn spawn_prefill_drain(
             Ok(Ok(())) => {
                 prefill.completed();
                 prefill.worker.record_leg(Some(200));
-                METRICS
-                    .pd_prefill_duration
-                    .with_label_values(&labels.as_array())
-                    .observe(dispatched.elapsed().as_secs_f64());
+                METRICS.pd_prefill_duration.with(&labels.as_array(), |m| {
+                    m.observe(dispatched.elapsed().as_secs_f64())
+                });
             }
             Ok(Err(status)) => prefill
                 .worker

@@ -279,8 +279,7 @@ pub async fn relay(
             ctx.ttft = Some(ttft);
             METRICS
                 .pd_ttft
-                .with_label_values(&plan.labels.as_array())
-                .observe(ttft.as_secs_f64());
+                .with(&plan.labels.as_array(), |m| m.observe(ttft.as_secs_f64()));
         }
         if out.all_finished() {
             source.worker().record_leg(Some(200));
