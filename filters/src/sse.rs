@@ -97,32 +97,45 @@ impl DoneDetector {
     }
 
     /// Feeds the next chunk; true once the terminal event has been seen (and from then on).
+    /// Each line's end is found with `memchr2`; only a line's first 16 bytes are kept.
     pub fn feed(&mut self, chunk: &[u8]) -> bool {
-        let mut i = 0;
-        while i < chunk.len() && !self.done {
-            let b = chunk[i];
-            i += 1;
-            if b == b'\n' && self.after_cr {
+        let mut rest = chunk;
+        while !rest.is_empty() && !self.done {
+            if self.after_cr {
+                // A CR LF pair is one line end.
                 self.after_cr = false;
-                continue;
+                if rest[0] == b'\n' {
+                    rest = &rest[1..];
+                    continue;
+                }
             }
-            self.after_cr = b == b'\r';
-            if b == b'\n' || b == b'\r' {
-                self.end_line();
-                continue;
-            }
-            if self.line_overflow {
-                // Skip to the next line end without copying.
-                let skip = memchr::memchr2(b'\n', b'\r', &chunk[i..]).unwrap_or(chunk.len() - i);
-                i += skip;
-            } else if self.line_len < self.line.len() {
-                self.line[self.line_len] = b;
-                self.line_len += 1;
-            } else {
-                self.line_overflow = true;
+            match memchr::memchr2(b'\n', b'\r', rest) {
+                Some(at) => {
+                    self.keep(&rest[..at]);
+                    self.after_cr = rest[at] == b'\r';
+                    self.end_line();
+                    rest = &rest[at + 1..];
+                }
+                None => {
+                    self.keep(rest);
+                    rest = &[];
+                }
             }
         }
         self.done
+    }
+
+    /// Adds bytes of the current line: the first 16 are kept (a long `data:` line still counts
+    /// as one of the event's data lines), more mark the line as too long to be `[DONE]`.
+    fn keep(&mut self, bytes: &[u8]) {
+        if self.line_overflow {
+            return;
+        }
+        let room = self.line.len() - self.line_len;
+        let kept = bytes.len().min(room);
+        self.line[self.line_len..self.line_len + kept].copy_from_slice(&bytes[..kept]);
+        self.line_len += kept;
+        self.line_overflow = bytes.len() > room;
     }
 
     /// Whether the terminal event has been seen.
@@ -397,6 +410,34 @@ mod tests {
     #[test]
     fn done_after_event_and_id_fields_counts() {
         assert!(detect(&[b"event: end\nid: 3\ndata: [DONE]\n\n"]));
+    }
+
+    #[test]
+    fn the_answer_does_not_depend_on_the_chunking() {
+        let streams: [&[u8]; 9] = [
+            b"data: x\n\ndata: [DONE]\n\n",
+            b"data: x\r\n\r\ndata: [DONE]\r\n\r\n",
+            b"data: [DONE]\r\rtrailing",
+            b"data: [DONE]\r\n\n",
+            b"data: [DONE]\ndata: more\n\n",
+            b"data: 0123456789abcdef\n\ndata:[DONE]\n\n",
+            b"data: [DONE]xxxxxxxxxxxxxxxx\n\n",
+            b"data: data: data: \ndata: [DONE]\n\n",
+            b"event: end\r\nid: 3\r\ndata: [DONE]\r\n\r\n",
+        ];
+        for stream in streams {
+            let whole = detect(&[stream]);
+            let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+            assert_eq!(detect(&bytes), whole, "{:?} byte by byte", stream);
+            for at in 0..=stream.len() {
+                let (a, b) = stream.split_at(at);
+                assert_eq!(detect(&[a, b]), whole, "{:?} split at {at}", stream);
+            }
+        }
+        assert!(detect(&[streams[0]]) && detect(&[streams[2]]) && !detect(&[streams[4]]));
+        assert!(detect(&[streams[3]]) && detect(&[streams[5]]) && !detect(&[streams[6]]));
+        // A long first data line is still a data line: `[DONE]` is then the event's second.
+        assert!(!detect(&[streams[7]]) && detect(&[streams[8]]));
     }
 
     #[test]
