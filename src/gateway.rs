@@ -30,7 +30,7 @@ pub struct Settings {
     pub api_key: Option<String>,
     /// Without an API key, peers allowed to call mutating admin routes (default: loopback).
     pub admin_trusted: Vec<crate::config::IpNet>,
-    /// Request-id headers, checked in order (parsed once: a lookup by name hashes it directly).
+    /// Request-id headers, checked in order.
     pub request_id_headers: Vec<http::HeaderName>,
     pub retry: RetrySettings,
     /// How long `/health_generate` waits for each engine (the health-check timeout, at least 5 s:
@@ -96,11 +96,7 @@ impl Settings {
             admin_trusted: cfg
                 .admin_trusted_nets()
                 .unwrap_or_else(|_| crate::config::IpNet::loopback()),
-            request_id_headers: cfg
-                .request_id_header_names()
-                .iter()
-                .filter_map(|h| http::HeaderName::from_bytes(h.as_bytes()).ok())
-                .collect(),
+            request_id_headers: cfg.request_id_header_names(),
             retry: cfg.retry(),
             worker_defaults: WorkerDefaults::from_config(cfg),
             overload_retry_after_secs: cfg.overload().retry_after_secs,

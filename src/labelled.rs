@@ -64,14 +64,10 @@ impl<B: MetricVecBuilder> Labelled<B> {
         let Ok(mut seen) = seen.try_borrow_mut() else {
             return update(&self.vec.with_label_values(labels));
         };
-        if let Some(i) = seen.iter().position(|s| same(&s.labels, labels)) {
+        if let Some(found) = seen.iter().position(|s| same(&s.labels, labels)) {
             // One step toward the front: the thread's busiest series end up looked at first.
-            let i = if i > 0 {
-                seen.swap(i, i - 1);
-                i - 1
-            } else {
-                i
-            };
+            let i = found.saturating_sub(1);
+            seen.swap(i, found);
             return update(&seen[i].handle);
         }
         let handle = self.vec.with_label_values(labels);

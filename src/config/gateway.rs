@@ -787,19 +787,18 @@ impl GatewayConfig {
             .map(|port| join_host_port(&self.host, port))
     }
 
-    /// Request-id headers in lookup order (SMG's list when none is configured), lowercased.
-    pub fn request_id_header_names(&self) -> Vec<String> {
-        if self.request_id_headers.is_empty() {
-            defaults::REQUEST_ID_HEADERS
-                .iter()
-                .map(|h| h.to_string())
-                .collect()
+    /// Request-id headers in lookup order (SMG's list when none is configured), parsed once
+    /// (a lookup by a parsed name hashes it directly). Names are validated at load.
+    pub fn request_id_header_names(&self) -> Vec<http::HeaderName> {
+        let names: Vec<&str> = if self.request_id_headers.is_empty() {
+            defaults::REQUEST_ID_HEADERS.to_vec()
         } else {
-            self.request_id_headers
-                .iter()
-                .map(|h| h.to_ascii_lowercase())
-                .collect()
-        }
+            self.request_id_headers.iter().map(String::as_str).collect()
+        };
+        names
+            .into_iter()
+            .filter_map(|h| http::HeaderName::from_bytes(h.as_bytes()).ok())
+            .collect()
     }
 
     /// Routing-key headers in lookup order, lowercased.

@@ -7,7 +7,7 @@ use pdgate_filters::errors::ErrorCode;
 use pingora::proxy::Session;
 
 use super::dispatch::Attempt;
-use crate::gateway::Gateway;
+use crate::gateway::Settings;
 use crate::reply::Reply;
 use crate::workers::admission::{self, NotAdmitted, Slots};
 use crate::workers::Worker;
@@ -16,7 +16,7 @@ use crate::workers::Worker;
 /// `pd_admission_wait_secs` while watching the client. A shed or a client that left is the
 /// attempt's outcome.
 pub async fn claim(
-    gw: &Gateway,
+    settings: &Settings,
     session: &mut Session,
     decode: &Worker,
     n: usize,
@@ -25,13 +25,12 @@ pub async fn claim(
     let client_gone = async {
         let _ = session.read_body_or_idle(true).await;
     };
-    let wait = gw.settings_now().pd_admission_wait;
-    match admission::admit(decode, n, wait, client_gone).await {
+    match admission::admit(decode, n, settings.pd_admission_wait, client_gone).await {
         Ok(slots) => Ok(slots),
         Err(NotAdmitted::ClientGone) => Err(Attempt::ClientGone),
         Err(NotAdmitted::Shed) => Err(Attempt::Refused(shed_reply(
             decode,
-            gw.settings_now().overload_retry_after_secs,
+            settings.overload_retry_after_secs,
         ))),
     }
 }

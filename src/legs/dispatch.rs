@@ -79,6 +79,7 @@ impl Served {
 /// One attempt over HTTP legs, in the dispatch mode of the pair.
 async fn http_attempt(
     gw: &Gateway,
+    settings: &Settings,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &PdRequest,
@@ -96,9 +97,12 @@ async fn http_attempt(
         Box::pin(sequential::attempt(gw, session, ctx, req, pair, &mut slot)).await
     } else if pdgate_filters::fanout::fans_out(req.route, &req.facts) {
         // SGLang would put every sample in one room: one rendezvous per sample instead.
-        return Box::pin(fanout::attempt(gw, session, ctx, req, pair)).await;
+        return Box::pin(fanout::attempt(gw, settings, session, ctx, req, pair)).await;
     } else {
-        Box::pin(parallel::attempt(gw, session, ctx, req, pair, &mut slot)).await
+        Box::pin(parallel::attempt(
+            gw, settings, session, ctx, req, pair, &mut slot,
+        ))
+        .await
     };
     match slot {
         Some(handoff) => outcome.settle(&handoff),
@@ -143,9 +147,12 @@ pub async fn serve(
                     // The decode's admission window (every transport): the slots are held until
                     // the attempt, and with it every decode leg, has ended.
                     let sequences = req.facts.decode_sequences(req.route);
-                    match Box::pin(admit::claim(gw, session, &pair.decode, sequences)).await {
+                    let claim = admit::claim(&settings, session, &pair.decode, sequences);
+                    match Box::pin(claim).await {
                         Err(refused) => refused,
-                        Ok(_slots) => Box::pin(http_attempt(gw, session, ctx, req, &pair)).await,
+                        Ok(_slots) => {
+                            Box::pin(http_attempt(gw, &settings, session, ctx, req, &pair)).await
+                        }
                     }
                 };
                 handoff::account(&settings, ctx, &pair, &outcome);

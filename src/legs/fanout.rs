@@ -24,7 +24,7 @@ use super::parallel::{self, open_sample, OpenSample, PdLabels, Rendezvous, Sampl
 use super::prefill::PrefillLeg;
 use super::relay;
 use super::request::PdRequest;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Settings};
 use crate::ledger::{Handoff, Kind};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
@@ -36,12 +36,12 @@ use crate::workers::InFlight;
 /// One fanned-out attempt: `n` rendezvous on `pair`, merged into one answer.
 pub async fn attempt(
     gw: &Gateway,
+    s: &Settings,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &PdRequest,
     pair: &Pair,
 ) -> Attempt {
-    let s = gw.settings();
     let n = req.facts.n;
     let Rendezvous {
         dp_place,
@@ -96,7 +96,12 @@ pub async fn attempt(
             facts,
         );
         let labels = &labels;
-        opening.push(async move { (j as usize, open_sample(gw, req, pair, labels, legs).await) });
+        opening.push(async move {
+            (
+                j as usize,
+                open_sample(gw, s, req, pair, labels, legs).await,
+            )
+        });
     }
     ctx.connector = Some("bootstrap");
     ctx.kv_verdict = crate::legs::handoff::KvVerdict::of_bootstrap_decode(&pair.decode);

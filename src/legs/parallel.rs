@@ -21,7 +21,7 @@ use super::handoff::KvVerdict;
 use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg};
 use super::relay::{relay_decode, RelayPlan};
 use super::request::{ForwardHeaders, PdRequest};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Settings};
 use crate::ledger::{Handoff, Kind};
 use crate::metrics::{BACKEND_PD, METRICS};
 use crate::proxy::ctx::RequestCtx;
@@ -131,26 +131,18 @@ pub fn transport_refusal(leg: &str, e: &LegError) -> Reply {
 /// caller can settle it however the attempt ends.
 pub async fn attempt(
     gw: &Gateway,
+    s: &Settings,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &PdRequest,
     pair: &Pair,
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
-    let (dp_aware, body_limit, stall_timeout, request_timeout) = {
-        let s = gw.settings_now();
-        (
-            s.dp_aware,
-            s.max_payload_size,
-            s.stream_idle_timeout,
-            s.request_timeout,
-        )
-    };
     let Rendezvous {
         dp_place,
         target,
         dp,
-    } = Rendezvous::of(dp_aware, pair);
+    } = Rendezvous::of(s.dp_aware, pair);
     let rooms = mint_rooms(req.facts.batch, dp_place);
     ctx.room = Some(match &rooms {
         Rooms::Single(r) => *r,
@@ -217,7 +209,7 @@ pub async fn attempt(
         // its size.
         let opened = tokio::select! {
             biased;
-            o = Box::pin(open_sample(gw, req, pair, &labels, legs)) => o,
+            o = Box::pin(open_sample(gw, s, req, pair, &labels, legs)) => o,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         };
         let OpenSample {
@@ -239,9 +231,9 @@ pub async fn attempt(
             logprobs: merge_source.as_ref().map(|o| o.as_ref()),
             dispatched,
             decode: &pair.decode,
-            body_limit,
-            stall_timeout,
-            deadline: ctx.started + request_timeout,
+            body_limit: s.max_payload_size,
+            stall_timeout: s.stream_idle_timeout,
+            deadline: ctx.started + s.request_timeout,
             prefill: Some(prefill),
             read_cache_report: false,
         };
@@ -300,13 +292,12 @@ pub struct OpenSample {
 /// watches the client.
 pub async fn open_sample(
     gw: &Gateway,
+    s: &Settings,
     req: &PdRequest,
     pair: &Pair,
     labels: &PdLabels,
     legs: SampleLegs,
 ) -> Result<OpenSample, Reply> {
-    // Not held across an await: the read of three values, then let go.
-    let s = gw.settings_now();
     let mut prefill = PrefillLeg::new(PrefillJob {
         client: gw.client.clone(),
         worker: pair.prefill.clone(),
@@ -359,7 +350,6 @@ pub async fn open_sample(
     } else {
         s.request_timeout
     };
-    drop(s);
     // Boxed so its state is freed once the head is in, instead of sizing this future (held
     // for the whole stream) by it.
     let mut decode_open = Box::pin(gw.client.open_traced(

@@ -310,8 +310,10 @@ fn pd_request(
     ctx.streaming = facts.stream;
     ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref()));
     let mut routing = routing_keys(session);
-    routing.pinned =
-        crate::workers::canary::pinned_link(header_str(session, &CANARY), &gw.canary_secret);
+    routing.pinned = crate::workers::canary::pinned_link(
+        header_str(session, &crate::workers::canary::CANARY_HEADER),
+        &gw.canary_secret,
+    );
     if gw.policies.load().needs_text() {
         let t = pdgate_filters::routing_text::routing_text(route, &body, &top);
         routing.text = t.text;
@@ -466,7 +468,6 @@ async fn admit(
 static ROUTING_KEY: HeaderName = HeaderName::from_static("x-smg-routing-key");
 static TARGET_WORKER: HeaderName = HeaderName::from_static("x-smg-target-worker");
 static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static CANARY: HeaderName = HeaderName::from_static(crate::workers::canary::CANARY_HEADER);
 
 fn header_str<'a>(session: &'a Session, name: &HeaderName) -> Option<&'a str> {
     session

@@ -25,7 +25,7 @@ use crate::metrics::METRICS;
 use crate::workers::select::is_available;
 
 /// The header that pins a request to one link: `<secret> <prefill id> <decode id>`.
-pub const CANARY_HEADER: &str = "x-pdgate-canary";
+pub static CANARY_HEADER: HeaderName = HeaderName::from_static("x-pdgate-canary");
 
 /// How long one canary may take.
 const CANARY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -128,7 +128,7 @@ impl LinkCanaries {
         let pin = format!("{} {prefill} {decode}", self.gw.canary_secret);
         let mut headers = Vec::with_capacity(2);
         if let Ok(v) = HeaderValue::from_str(&pin) {
-            headers.push((HeaderName::from_static(CANARY_HEADER), v));
+            headers.push((CANARY_HEADER.clone(), v));
         }
         if let Some(key) = self.gw.settings().api_key.as_deref() {
             if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
