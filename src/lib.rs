@@ -17,6 +17,7 @@ pub mod labelled;
 pub mod ledger;
 pub mod legs;
 pub mod limiter;
+pub mod listen_check;
 pub mod logs;
 pub mod metrics;
 pub mod models;

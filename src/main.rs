@@ -105,6 +105,7 @@ fn serve(loaded: LoadedConfig, process: ProcessFlags) -> ExitCode {
         ALLOCATOR.enable();
     }
     init_logging(&loaded);
+    pdgate::listen_check::exit_when_a_listener_fails();
     for notice in &loaded.notices {
         log::warn!("{notice}");
     }

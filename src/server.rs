@@ -36,7 +36,8 @@ impl std::fmt::Display for BuildError {
     }
 }
 
-/// Builds (but does not run) the server.
+/// Builds (but does not run) the server. Outside a graceful upgrade, every listening address is
+/// bound once first (`crate::listen_check`): one that cannot be is the error.
 pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     crate::metrics::init();
     crate::trace::init(&loaded.gateway).map_err(|e| BuildError(format!("tracing: {e}")))?;
@@ -63,6 +64,14 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     let listen = cfg.listen_addr();
     let admin_addr = cfg.admin_addr();
     let prometheus_addr = cfg.prometheus_addr();
+    if !opt.upgrade {
+        let mut listeners = vec![
+            ("serving", listen.as_str()),
+            ("Prometheus", prometheus_addr.as_str()),
+        ];
+        listeners.extend(admin_addr.as_deref().map(|addr| ("admin", addr)));
+        crate::listen_check::check(listeners).map_err(BuildError)?;
+    }
     let models = crate::models::Models::load(&cfg).map_err(BuildError)?;
     let gw = Arc::new(Gateway::new(loaded, registry, policies, models));
 

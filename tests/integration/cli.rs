@@ -231,3 +231,57 @@ async fn the_gateway_tunes_malloc_unless_the_operator_did() {
     .await;
     assert_eq!(tunables(&theirs), "glibc.malloc.tcache_count=7");
 }
+
+/// A port another process listens on ends `pdgate run` at once, with status 1 and the address,
+/// for the serving and the Prometheus listener alike. (Pingora alone retried for 30 s, then
+/// panicked in the listener's thread and left a process running that served nothing there.)
+#[test]
+fn run_exits_at_once_when_a_listening_port_is_taken() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    for which in ["serving", "Prometheus"] {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let busy = taken.local_addr().unwrap().port();
+        let (port, prom) = match which {
+            "serving" => (busy, free_port()),
+            _ => (free_port(), busy),
+        };
+        let path = dir.join(format!("port-taken-{which}.yaml"));
+        let yaml = format!(
+            "version: 1\nthreads: 1\npid_file: {d}/port-taken-{port}.pid\n\
+             upgrade_sock: {d}/port-taken-{port}.sock\ngateway:\n  pd_disaggregation: true\n  \
+             host: 127.0.0.1\n  port: {port}\n  prometheus_host: 127.0.0.1\n  \
+             prometheus_port: {prom}\n",
+            d = dir.display()
+        );
+        std::fs::write(&path, yaml).unwrap();
+        let mut child = Command::new(pdgate_bin())
+            .args(["run", "-c"])
+            .arg(&path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Long enough for a loaded machine, well short of Pingora's 30 s of retries.
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().ok();
+                child.wait().ok();
+                panic!("{which}: pdgate still running 15 s after it started on a taken port");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(1), "{which}: {err}");
+        assert!(
+            err.contains(&format!("the {which} listener 127.0.0.1:{busy}"))
+                && err.contains("already in use"),
+            "{which}: {err}"
+        );
+        drop(taken);
+    }
+}
