@@ -90,11 +90,14 @@ async fn http_attempt(
     // is refused there too ("a leg that is not a MoRIIOConnector worker"), rather than silently
     // running passthrough.
     if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
-        return Box::pin(moriio::attempt(gw, session, ctx, req, pair)).await;
+        return Box::pin(moriio::attempt(gw, settings, session, ctx, req, pair)).await;
     }
     let mut slot = None;
     let outcome = if pair.prefill.runtime() == RuntimeType::Vllm {
-        Box::pin(sequential::attempt(gw, session, ctx, req, pair, &mut slot)).await
+        Box::pin(sequential::attempt(
+            gw, settings, session, ctx, req, pair, &mut slot,
+        ))
+        .await
     } else if pdgate_filters::fanout::fans_out(req.route, &req.facts) {
         // SGLang would put every sample in one room: one rendezvous per sample instead.
         return Box::pin(fanout::attempt(gw, settings, session, ctx, req, pair)).await;
@@ -131,6 +134,7 @@ pub async fn serve(
                     let mut slot = None;
                     let outcome = Box::pin(grpc::attempt(
                         gw,
+                        &settings,
                         session,
                         ctx,
                         req,

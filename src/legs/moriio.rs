@@ -25,7 +25,7 @@ use super::parallel::{decode_refusal, transport_refusal, PdLabels};
 use super::request::{ForwardHeaders, PdRequest};
 use super::sequential::{finish, mint_transfer_id, prefill_round_trip};
 use crate::config::label;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Settings};
 use crate::ledger::Kind;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
@@ -44,6 +44,7 @@ pub fn is_moriio(w: &Worker) -> bool {
 
 pub async fn attempt(
     gw: &Gateway,
+    settings: &Settings,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &PdRequest,
@@ -62,6 +63,7 @@ pub async fn attempt(
     ctx.transfer_id = Some(transfer_id.clone());
     let legs = Legs {
         gw,
+        settings,
         req,
         pair,
         expect: HandoffExpectation {
@@ -104,6 +106,8 @@ pub async fn attempt(
 /// What both dispatch modes share for one attempt.
 struct Legs<'a> {
     gw: &'a Gateway,
+    /// The dispatch's settings, one snapshot for the whole request.
+    settings: &'a Settings,
     req: &'a PdRequest,
     pair: &'a Pair,
     expect: HandoffExpectation<'a>,
@@ -152,6 +156,7 @@ impl<'a> Legs<'a> {
         let (gw, req, pair) = (self.gw, self.req, self.pair);
         finish(
             gw,
+            self.settings,
             session,
             ctx,
             req,
@@ -172,7 +177,7 @@ impl<'a> Legs<'a> {
     /// The decode's head may take the whole request when it is not streamed (it answers only
     /// when done).
     fn decode_head_timeout(&self) -> std::time::Duration {
-        let s = self.gw.settings();
+        let s = self.settings;
         if self.req.facts.stream {
             s.decode_first_byte_timeout
         } else {
@@ -218,8 +223,7 @@ async fn sequential(
     ctx: &mut RequestCtx,
     prefill_body: Bytes,
 ) -> Attempt {
-    let (gw, req, pair) = (legs.gw, legs.req, legs.pair);
-    let s = gw.settings();
+    let (gw, s, req, pair) = (legs.gw, legs.settings, legs.req, legs.pair);
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
     let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
@@ -281,8 +285,7 @@ async fn concurrent(
     prefill_body: Bytes,
     decode_params: &[u8],
 ) -> Attempt {
-    let (gw, req, pair) = (legs.gw, legs.req, legs.pair);
-    let s = gw.settings();
+    let (gw, s, req, pair) = (legs.gw, legs.settings, legs.req, legs.pair);
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
     let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);

@@ -22,7 +22,7 @@ use super::parallel::{decode_refusal, transport_refusal, PdLabels};
 use super::relay::{relay_decode, RelayPlan};
 use super::request::PdRequest;
 use crate::config::label;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Settings};
 use crate::ledger::{Handoff, Kind};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
@@ -102,13 +102,13 @@ fn plan(connector: Connector, prefill: &Worker) -> Plan {
 /// can settle it however the attempt ends.
 pub async fn attempt(
     gw: &Gateway,
+    s: &Settings,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &PdRequest,
     pair: &Pair,
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
-    let s = gw.settings();
     let connector = Connector::from_name(pair.prefill.kv_connector());
     ctx.connector = Some(connector.mode_label());
     METRICS
@@ -284,7 +284,7 @@ pub async fn attempt(
         }
         Ok(leg) => leg,
     };
-    finish(gw, session, ctx, req, pair, decode, dispatched, labels).await
+    finish(gw, s, session, ctx, req, pair, decode, dispatched, labels).await
 }
 
 /// Sends the prefill leg and reads its whole (small) response. `trace`: the leg's span (it ends
@@ -348,6 +348,7 @@ pub(crate) async fn prefill_round_trip(
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn finish(
     gw: &Gateway,
+    s: &Settings,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &PdRequest,
@@ -356,7 +357,6 @@ pub(crate) async fn finish(
     dispatched: Instant,
     labels: PdLabels,
 ) -> Attempt {
-    let s = gw.settings();
     let plan = RelayPlan {
         streaming: req.facts.stream,
         logprobs: req.facts.logprobs.then_some(None),

@@ -37,7 +37,7 @@ use self::prepare::Prepared;
 use super::dispatch::Attempt;
 use super::parallel::PdLabels;
 use super::request::PdRequest;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Settings};
 use crate::ledger::Handoff;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
@@ -48,8 +48,10 @@ use crate::workers::Worker;
 
 /// One gRPC attempt on `pair`. `prepared` holds the request's conversion and tokens across
 /// attempts (computed on the first); `slot` receives the rendezvous the attempt opens.
+#[allow(clippy::too_many_arguments)]
 pub async fn attempt(
     gw: &Gateway,
+    settings: &Settings,
     session: &mut Session,
     ctx: &mut RequestCtx,
     req: &PdRequest,
@@ -136,7 +138,7 @@ pub async fn attempt(
         }
     }
     // The decode admission window: one slot per backend request on the decode.
-    let wait = gw.settings().pd_admission_wait;
+    let wait = settings.pd_admission_wait;
     let admitted = {
         let client_gone = async {
             let _ = session.read_body_or_idle(true).await;
@@ -155,12 +157,13 @@ pub async fn attempt(
                         pair.decode.url()
                     ),
                 )
-                .with_retry_after(gw.settings().overload_retry_after_secs),
+                .with_retry_after(settings.overload_retry_after_secs),
             )
         }
     };
     let legs = Legs {
         gw,
+        settings,
         req,
         pair,
         base_id: p
@@ -184,6 +187,8 @@ pub async fn attempt(
 /// What the dispatch modes share for one attempt.
 pub struct Legs<'a> {
     pub gw: &'a Gateway,
+    /// The dispatch's settings, one snapshot for the whole request.
+    pub settings: &'a Settings,
     pub req: &'a PdRequest,
     pub pair: &'a Pair,
     /// The client's request id (or the gateway's), the base of each attempt's engine id.
@@ -208,7 +213,7 @@ impl Legs<'_> {
 
     /// The DP rank a leg to `w` carries (`--dp-aware` only).
     pub fn dp_rank(&self, w: &Worker) -> Option<i32> {
-        if self.gw.settings().dp_aware {
+        if self.settings.dp_aware {
             w.address.dp_rank.map(|r| r as i32)
         } else {
             None
@@ -218,7 +223,7 @@ impl Legs<'_> {
     /// The prefill's (rank, size) under `--dp-aware`, for rooms that land on its rank.
     pub fn prefill_dp(&self) -> Option<(u32, u32)> {
         let w = &self.pair.prefill;
-        if self.gw.settings().dp_aware {
+        if self.settings.dp_aware {
             w.address.dp_rank.zip(w.dp_size())
         } else {
             None
@@ -244,7 +249,7 @@ pub async fn relay_open_decode(
     decode: relay::Source<'_>,
     dispatched: Instant,
 ) -> Attempt {
-    let s = legs.gw.settings();
+    let s = legs.settings;
     let plan = relay::RelayPlan {
         prepared: p,
         streaming: p.gen.stream,

@@ -55,8 +55,7 @@ pub async fn attempt(
     mut slots: Option<Slots>,
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
-    let (gw, pair) = (legs.gw, legs.pair);
-    let s = gw.settings();
+    let (gw, s, pair) = (legs.gw, legs.settings, legs.pair);
     let n = p.gen.sampling.n.max(1);
     let attempt_id = legs.attempt_request_id();
     ctx.connector = Some("bootstrap");

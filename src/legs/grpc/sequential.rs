@@ -55,8 +55,7 @@ pub async fn attempt(
     slots: Option<Slots>,
     slot: &mut Option<Arc<Handoff>>,
 ) -> Attempt {
-    let (gw, pair) = (legs.gw, legs.pair);
-    let s = gw.settings();
+    let (gw, s, pair) = (legs.gw, legs.settings, legs.pair);
     let connector = Connector::from_name(pair.prefill.kv_connector());
     // n > 1: the handoff is single-consumer, so none is made (the decode samples n itself and
     // recomputes the prompt); counted as passthrough, the mode it runs in. The prefill leg still
