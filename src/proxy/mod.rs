@@ -24,6 +24,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use pdgate_filters::errors::ErrorCode;
 use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::modules::http::HttpModules;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType};
@@ -54,6 +55,12 @@ impl ProxyHttp for PdGateway {
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx::new()
     }
+
+    /// No downstream modules. Pingora's default adds its response compression, disabled (level
+    /// 0), which still builds a context for every request (four allocations) and passes each
+    /// response head and body piece through its filters. pdgate does not compress answers (nor
+    /// does SMG): engines' JSON and SSE go to the client as they came.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     async fn request_filter(
         &self,
