@@ -41,11 +41,7 @@ build_binaries
 mkdir -p "$OUT/logs"
 http=http://127.0.0.1
 for i in 2 3; do
-  port_free $((PORT_BASE + i)) || die "port $((PORT_BASE + i)) is busy (set PORT_BASE)"
-  "$BIN/pdgate-bench" canned-engine --host 127.0.0.1 --port $((PORT_BASE + i)) --stream-chunks 16 \
-    >"$OUT/logs/allocs-engine-$i.log" 2>&1 &
-  PIDS+=("$!")
-  wait_http "$http:$((PORT_BASE + i))/health" || die "canned engine did not start"
+  start_canned "allocs-engine-$i" $((PORT_BASE + i)) 16
 done
 workers="$(worker_yaml "$http:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "$http:$((PORT_BASE + 3))" decode)"
 

@@ -78,6 +78,19 @@ EOF
   wait_http "http://127.0.0.1:$port/readiness" || die "pdgate $name not ready (see $OUT/logs/$name.log)"
 }
 
+# start_canned NAME PORT [CHUNKS]: a `pdgate-bench canned-engine` (one thread, preformatted
+# answers of CHUNKS tokens, default $STREAM_CHUNKS or 16) logging to $OUT/logs/NAME.log, until it
+# answers; sets MOCK_PID.
+start_canned() {
+  local name=$1 port=$2 chunks=${3:-${STREAM_CHUNKS:-16}}
+  port_free "$port" || die "port $port is busy (set PORT_BASE)"
+  "$BIN/pdgate-bench" canned-engine --host 127.0.0.1 --port "$port" \
+    --stream-chunks "$chunks" >"$OUT/logs/$name.log" 2>&1 &
+  MOCK_PID=$!
+  PIDS+=("$MOCK_PID")
+  wait_http "http://127.0.0.1:$port/health" || die "engine $name did not start (see $OUT/logs/$name.log)"
+}
+
 # worker_yaml URL TYPE [BOOTSTRAP_PORT]: one `workers:` entry.
 worker_yaml() {
   printf '    - {url: %s, worker_type: %s%s}\n' "$1" "$2" "${3:+, bootstrap_port: $3}"

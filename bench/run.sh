@@ -125,18 +125,6 @@ start_mock() {
   wait_http "http://127.0.0.1:$port/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
 }
 
-# start_canned NAME PORT: a `pdgate-bench canned-engine` (one thread, preformatted answers);
-# sets MOCK_PID.
-start_canned() {
-  local name=$1 port=$2
-  port_free "$port" || die "port $port is busy (set PORT_BASE)"
-  "$BIN/pdgate-bench" canned-engine --host 127.0.0.1 --port "$port" \
-    --stream-chunks "$STREAM_CHUNKS" >"$OUT/logs/$name.log" 2>&1 &
-  MOCK_PID=$!
-  PIDS+=("$MOCK_PID")
-  wait_http "http://127.0.0.1:$port/health" || die "engine $name did not start (see $OUT/logs/$name.log)"
-}
-
 # smg_peer: when no PEER_CMD is given, SMG $SMG_VERSION from SMG_VENV (installed there with pip
 # when missing) becomes the peer; sets PEER_CMD and PEER_NAME, or says why there is no peer.
 smg_peer() {

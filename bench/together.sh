@@ -46,11 +46,7 @@ extra=
 case $TRANSPORT in
   http)
     for i in 2 3; do
-      port_free $((PORT_BASE + i)) || die "port $((PORT_BASE + i)) is busy (set PORT_BASE)"
-      "$BIN/pdgate-bench" canned-engine --host 127.0.0.1 --port $((PORT_BASE + i)) \
-        --stream-chunks "$ANSWER_TOKENS" >"$OUT/logs/together-engine-$i.log" 2>&1 &
-      PIDS+=("$!")
-      wait_http "$http:$((PORT_BASE + i))/health" || die "engine did not start"
+      start_canned "together-engine-$i" $((PORT_BASE + i)) "$ANSWER_TOKENS"
     done
     scheme=http
     ;;
