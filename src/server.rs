@@ -64,12 +64,14 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     let listen = cfg.listen_addr();
     let admin_addr = cfg.admin_addr();
     let prometheus_addr = cfg.prometheus_addr();
+    let probes_addr = cfg.health_check_addr();
     if !opt.upgrade {
         let mut listeners = vec![
             ("serving", listen.as_str()),
             ("Prometheus", prometheus_addr.as_str()),
         ];
         listeners.extend(admin_addr.as_deref().map(|addr| ("admin", addr)));
+        listeners.extend(probes_addr.as_deref().map(|addr| ("probe", addr)));
         crate::listen_check::check(listeners).map_err(BuildError)?;
     }
     let models = crate::models::Models::load(&cfg).map_err(BuildError)?;
@@ -95,6 +97,17 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
             listener: Listener::Admin,
         };
         server.add_service(client_service(&server, admin, "pdgate admin", &addr));
+    }
+    if let Some(addr) = probes_addr {
+        let probes = PdGateway {
+            gw: gw.clone(),
+            listener: Listener::Probes,
+        };
+        let mut service = client_service(&server, probes, "pdgate probes", &addr);
+        // Its own runtime (Pingora gives each service one): a probe is answered on a thread
+        // that requests cannot keep busy. One thread is plenty for probes.
+        service.threads = Some(PROBE_THREADS);
+        server.add_service(service);
     }
     server.add_service(background_service(
         "connection drain",
@@ -143,6 +156,9 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
     server.add_service(background_service("config reload", ReloadOnHangup { gw }));
     Ok(server)
 }
+
+/// Threads of the probe listener's runtime (`health_check_port`).
+const PROBE_THREADS: usize = 1;
 
 /// How long the exit waits for the last spans to reach the collector.
 const TRACE_FLUSH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);

@@ -41,6 +41,10 @@ pub enum Listener {
     Data,
     /// The separate admin listener: health and the worker API only.
     Admin,
+    /// The dedicated probe listener (`health_check_port`): `/liveness`, `/readiness` and
+    /// `/health` only, on a runtime of its own so that probes are answered while the serving
+    /// runtime is busy.
+    Probes,
 }
 
 pub struct PdGateway {

@@ -76,6 +76,12 @@ async fn serve(
                 | Endpoint::DebugHandoffs
                 | Endpoint::DebugCapacity,
             ) => !gw.settings_now().separate_admin,
+            (Listener::Probes, e) => {
+                matches!(
+                    e,
+                    Endpoint::Liveness | Endpoint::Readiness | Endpoint::Health
+                )
+            }
             _ => true,
         };
         if served {

@@ -472,3 +472,54 @@ async fn cors_is_off_by_default_and_a_wildcard_allows_any_origin() {
     assert_eq!(r.header("access-control-allow-origin"), Some("*"));
     assert_eq!(r.header("access-control-allow-methods"), Some("*"));
 }
+
+/// `health_check_port` (SMG's `--health-check-port`): `/liveness`, `/readiness` and `/health`
+/// answer on that port as on the serving port; nothing else is served there. The serving port
+/// keeps its probes and its routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_port_answers_the_probes_and_nothing_else() {
+    let (p, d) = engines(([127, 0, 60, 9], [127, 0, 60, 10])).await;
+    let probe_port = crate::harness::free_port();
+    let gw = gateway(
+        &[p.worker_spec(), d.worker_spec()],
+        &format!("  health_check_port: {probe_port}\n"),
+    )
+    .await;
+    let probe = |path: &str| format!("http://127.0.0.1:{probe_port}{path}");
+    for path in ["/liveness", "/readiness", "/health"] {
+        let main = gw.get(path).await;
+        let there = client::request("GET", &probe(path), &[], None)
+            .await
+            .unwrap_or_else(|e| panic!("{path} on the probe port: {e}"));
+        assert_eq!(there.status, 200, "{path}: {}", there.text());
+        assert_eq!(there.status, main.status, "{path}");
+        assert_eq!(there.body, main.body, "{path}");
+    }
+    for (method, path, body) in [
+        ("GET", "/workers", None),
+        ("GET", "/v1/models", None),
+        ("POST", "/reload", None),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some(bytes::Bytes::from(chat(2, false).to_string())),
+        ),
+    ] {
+        let r = client::request(
+            method,
+            &probe(path),
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            r.status,
+            404,
+            "{method} {path} on the probe port: {}",
+            r.text()
+        );
+    }
+    let r = gw.post("/v1/chat/completions", &chat(2, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
