@@ -183,10 +183,6 @@ pub struct GatewayConfig {
     #[arg(long, help_heading = "PD Disaggregation")]
     pub dp_aware: bool,
 
-    /// Choose the DP rank by minimum tokens.
-    #[arg(long, help_heading = "PD Disaggregation")]
-    pub dp_minimum_tokens_scheduler: bool,
-
     /// gRPC only: how long a dispatch waits for a free decode slot before it is shed, seconds.
     #[arg(long, default_value_t = defaults::PD_ADMISSION_WAIT_SECS, help_heading = "PD Disaggregation")]
     pub pd_admission_wait_secs: u64,
@@ -251,7 +247,9 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = defaults::PORT, help_heading = "Listeners")]
     pub port: u16,
 
-    /// Optional dedicated port (on `host`) serving only /liveness, /readiness and /health.
+    /// Optional dedicated port (on `host`) serving only /liveness, /readiness and /health, on a
+    /// runtime of its own (one thread) so probes are answered while requests keep the serving
+    /// threads busy; the serving port keeps these routes too.
     #[arg(long, help_heading = "Listeners")]
     pub health_check_port: Option<u16>,
 

@@ -226,6 +226,7 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("engine_metrics", Ignored, "engine load gauges come from gRPC load reports"),
         ("kv_indexer_ttl_secs", Ignored, "the event-driven KV indexer is gRPC-only"),
         ("kv_indexer_max_entries", Ignored, "the event-driven KV indexer is gRPC-only"),
+        ("dp_minimum_tokens_scheduler", Ignored, "with --dp-aware every DP rank is a worker of its own, chosen by the prefill/decode policy (least_load and power_of_two weigh the ranks' requests in flight); there is no separate per-rank token scheduler"),
         ("mm_pixel_rdma", Refused, "the RDMA pixel lane is not supported; tensors travel inline in the gRPC message"),
         ("mm_pixel_cache_mb", Ignored, "pdgate keeps no pixel cache: each request's images are preprocessed once, for all its attempts"),
         ("multimodal_max_inflight_bytes", Ignored, "pdgate bounds each image (20 MiB fetched, 8192x8192 pixels) and the images per request (--mm-per-request-image-limit), not the bytes in flight across requests"),
@@ -378,6 +379,8 @@ pub struct SmgOnlyFlags {
     #[arg(long, hide = true)]
     kv_indexer_max_entries: Option<String>,
     #[arg(long, hide = true)]
+    dp_minimum_tokens_scheduler: bool,
+    #[arg(long, hide = true)]
     mm_pixel_rdma: bool,
     #[arg(long, hide = true)]
     mm_pixel_cache_mb: Option<String>,
@@ -499,6 +502,7 @@ impl SmgOnlyFlags {
             engine_metrics,
             kv_indexer_ttl_secs,
             kv_indexer_max_entries,
+            dp_minimum_tokens_scheduler,
             mm_pixel_rdma,
             mm_pixel_cache_mb,
             multimodal_max_inflight_bytes,

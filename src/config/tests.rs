@@ -269,7 +269,6 @@ const EVERY_KEY: &str = "
   encode_selector: [role=e]
   pd_pairing_mode: strict
   dp_aware: true
-  dp_minimum_tokens_scheduler: true
   pd_admission_wait_secs: 7
   model_path: org/model
   tokenizer_path: /tok
