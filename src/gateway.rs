@@ -258,12 +258,18 @@ impl Gateway {
         true
     }
 
-    /// Stops routing to a worker at once (`draining`) and removes it after `drain_settle`.
-    /// Requests already on it finish normally: they hold their own reference.
+    /// Stops routing to a worker at once (`draining`) and removes it after `drain_settle` (the
+    /// worker's own `health.drain_settle_secs` when its spec has one). Requests already on it
+    /// finish normally: they hold their own reference.
     pub fn retire(self: &Arc<Self>, worker: Arc<Worker>) {
         worker.set_status(Status::Draining);
         let gw = self.clone();
-        let settle = self.settings().drain_settle;
+        let settle = worker
+            .spec
+            .health
+            .as_ref()
+            .and_then(|h| h.drain_settle_secs)
+            .map_or_else(|| self.settings().drain_settle, Duration::from_secs);
         tokio::spawn(async move {
             tokio::time::sleep(settle).await;
             if gw.registry.remove(&worker.id).is_some() {

@@ -88,6 +88,12 @@ async fn read_spec(gw: &Gateway, session: &mut Session) -> Result<WorkerSpec, Re
     let spec = WorkerSpec::from_json(&body)
         .map_err(|e| admin_error(ErrorCode::BadRequest, &e.to_string()))?;
     check_spec(gw, &spec)?;
+    for (key, why) in spec.unapplied() {
+        log::warn!(
+            "worker {}: `{key}` has no effect in pdgate: {why}",
+            spec.url
+        );
+    }
     Ok(spec)
 }
 

@@ -111,6 +111,18 @@ fn parse_yaml_with(
         file_workers = workers;
     }
     validate_with_file_workers(&gateway, Some(&located))?;
+    let inline = gateway
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (format!("gateway.workers[{i}]"), w));
+    for (location, worker) in inline.chain(located.iter().map(|(l, w)| (l.clone(), w))) {
+        for (key, why) in worker.unapplied() {
+            notices.push(format!(
+                "{location}: `{key}` has no effect in pdgate: {why}"
+            ));
+        }
+    }
     Ok(LoadedConfig {
         server_conf,
         gateway,

@@ -1282,6 +1282,30 @@ fn unknown_worker_keys_are_ignored_with_a_notice() {
 }
 
 #[test]
+fn worker_settings_pdgate_does_not_apply_are_reported_with_a_notice() {
+    let loaded = yaml(
+        "  workers:\n    - {url: 'http://p:1', worker_type: prefill, resilience: {max_retries: 5, \
+         cb_failure_threshold: 3, cb_window_secs: 30}, http_pool: {pool_max_idle_per_host: 8}}\n    \
+         - {url: 'http://d:1', worker_type: decode, resilience: {cb_failure_threshold: 3}}",
+    )
+    .expect("accepted, as SMG");
+    let expected = [
+        "gateway.workers[0]: `resilience.max_retries` has no effect in pdgate: retries are gateway-wide",
+        "gateway.workers[0]: `resilience.cb_window_secs` has no effect in pdgate",
+        "gateway.workers[0]: `http_pool` has no effect in pdgate",
+    ];
+    assert_eq!(loaded.notices.len(), expected.len(), "{:?}", loaded.notices);
+    for (notice, start) in loaded.notices.iter().zip(expected) {
+        assert!(
+            notice.starts_with(start),
+            "{notice:?} should start with {start:?}"
+        );
+    }
+    // The breaker's overrides apply: nothing to report for the decode.
+    assert!(loaded.notices.iter().all(|n| !n.contains("workers[1]")));
+}
+
+#[test]
 fn validate_alone_skips_counts_that_depend_on_an_unread_workers_file() {
     let mut cfg = GatewayConfig {
         pd_disaggregation: true,

@@ -599,7 +599,64 @@ fn redact_secret<S: Serializer>(value: &Option<String>, serializer: S) -> Result
     }
 }
 
+/// Why a worker's retry overrides do nothing in pdgate.
+const RETRIES_ARE_GATEWAY_WIDE: &str =
+    "retries are gateway-wide in pdgate: the retry_* settings apply to every request";
+
 impl WorkerSpec {
+    /// The settings of this spec that pdgate accepts (they are SMG's spec shape) but does not
+    /// apply, each with what applies instead, so that a given one is reported (a notice at
+    /// startup, a warning for `POST /workers`) rather than dropped without a word. The circuit
+    /// breaker, health and overload overrides do apply.
+    pub fn unapplied(&self) -> Vec<(&'static str, &'static str)> {
+        let mut out = Vec::new();
+        if let Some(r) = &self.resilience {
+            let retries = [
+                ("resilience.max_retries", r.max_retries.is_some()),
+                (
+                    "resilience.initial_backoff_ms",
+                    r.initial_backoff_ms.is_some(),
+                ),
+                ("resilience.max_backoff_ms", r.max_backoff_ms.is_some()),
+                (
+                    "resilience.backoff_multiplier",
+                    r.backoff_multiplier.is_some(),
+                ),
+                ("resilience.jitter_factor", r.jitter_factor.is_some()),
+                ("resilience.disable_retry", r.disable_retry.is_some()),
+                (
+                    "resilience.retryable_status_codes",
+                    r.retryable_status_codes.is_some(),
+                ),
+            ];
+            out.extend(
+                retries
+                    .into_iter()
+                    .filter(|(_, given)| *given)
+                    .map(|(key, _)| (key, RETRIES_ARE_GATEWAY_WIDE)),
+            );
+            if r.cb_window_secs.is_some() {
+                out.push((
+                    "resilience.cb_window_secs",
+                    "the circuit breaker counts consecutive outcomes, not outcomes in a window",
+                ));
+            }
+        }
+        if self.http_pool.is_some() {
+            out.push((
+                "http_pool",
+                "legs share the gateway's connection pool (upstream_pool_idle_timeout_secs, connect_timeout_ms)",
+            ));
+        }
+        if self.dp_base_url.is_some() {
+            out.push((
+                "dp_base_url",
+                "a DP rank is reached at the worker's own URL, the rank carried by its legs (--dp-aware)",
+            ));
+        }
+        out
+    }
+
     /// A spec with SMG's defaults for everything but the URL and role.
     pub fn new(url: impl Into<String>, worker_type: WorkerType) -> Self {
         let raw = RawWorkerSpec {

@@ -210,6 +210,45 @@ async fn a_deleted_worker_drains_then_disappears() {
     assert!(d.records().is_empty());
 }
 
+/// A worker's own `health.drain_settle_secs` wins over the gateway's: with the gateway's at ten
+/// minutes and the worker's at 0, a deleted worker is gone at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_own_drain_settle_wins() {
+    let p = engine(Role::Prefill, [127, 0, 0, 2]).await;
+    let d = engine(Role::Decode, [127, 0, 0, 3]).await;
+    let mut decode = d.worker_spec();
+    decode["health"] = json!({"drain_settle_secs": 0});
+    let mut gw = Gateway::start(&[p.worker_spec(), decode], "  drain_settle_secs: 600\n").await;
+    gw.wait_ready().await;
+    let list = gw.get("/workers").await.json();
+    let decode_id = list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["worker_type"] == "decode")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = client::request(
+        "DELETE",
+        &gw.url(&format!("/workers/{decode_id}")),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 202);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while gw.get(&format!("/workers/{decode_id}")).await.status != 404 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker was not removed (its own drain_settle_secs: 0 was not applied)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_api_key_serving_and_worker_routes_need_it() {
     let p = engine(Role::Prefill, [127, 0, 0, 2]).await;
