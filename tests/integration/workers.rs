@@ -165,16 +165,8 @@ async fn worker_api_answers_like_smg() {
     assert_eq!(w["status"], "ready", "a patch must not reset health");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_worker_drains_then_disappears() {
-    let p = engine(Role::Prefill, [127, 0, 0, 2]).await;
-    let d = engine(Role::Decode, [127, 0, 0, 3]).await;
-    let mut gw = Gateway::start(
-        &[p.worker_spec(), d.worker_spec()],
-        "  drain_settle_secs: 1\n",
-    )
-    .await;
-    gw.wait_ready().await;
+/// `DELETE`s the gateway's decode worker (202 expected); its id.
+async fn delete_the_decode(gw: &Gateway) -> String {
     let list = gw.get("/workers").await.json();
     let decode_id = list["workers"]
         .as_array()
@@ -194,6 +186,20 @@ async fn a_deleted_worker_drains_then_disappears() {
     .await
     .unwrap();
     assert_eq!(r.status, 202);
+    decode_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_worker_drains_then_disappears() {
+    let p = engine(Role::Prefill, [127, 0, 0, 2]).await;
+    let d = engine(Role::Decode, [127, 0, 0, 3]).await;
+    let mut gw = Gateway::start(
+        &[p.worker_spec(), d.worker_spec()],
+        "  drain_settle_secs: 1\n",
+    )
+    .await;
+    gw.wait_ready().await;
+    let decode_id = delete_the_decode(&gw).await;
     let w = gw.get(&format!("/workers/{decode_id}")).await.json();
     assert_eq!(w["status"], "draining");
     let refused = gw.post("/generate", &json!({"text": "x"})).await;
@@ -220,25 +226,7 @@ async fn a_workers_own_drain_settle_wins() {
     decode["health"] = json!({"drain_settle_secs": 0});
     let mut gw = Gateway::start(&[p.worker_spec(), decode], "  drain_settle_secs: 600\n").await;
     gw.wait_ready().await;
-    let list = gw.get("/workers").await.json();
-    let decode_id = list["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["worker_type"] == "decode")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r = client::request(
-        "DELETE",
-        &gw.url(&format!("/workers/{decode_id}")),
-        &[],
-        None,
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 202);
+    let decode_id = delete_the_decode(&gw).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while gw.get(&format!("/workers/{decode_id}")).await.status != 404 {
         assert!(
