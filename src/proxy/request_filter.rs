@@ -471,7 +471,8 @@ async fn admit(
 }
 
 /// The routing headers, parsed once (a lookup by `&str` parses and lowercases the name first).
-static ROUTING_KEY: HeaderName = HeaderName::from_static("x-smg-routing-key");
+static ROUTING_KEY: HeaderName =
+    HeaderName::from_static(crate::config::defaults::ROUTING_KEY_HEADER);
 static TARGET_WORKER: HeaderName = HeaderName::from_static("x-smg-target-worker");
 static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
