@@ -45,8 +45,6 @@ pub struct Settings {
     pub dp_aware: bool,
     /// Whether the worker API is served on a separate admin listener (not on the data port).
     pub separate_admin: bool,
-    /// How long a removed worker drains before it leaves the registry.
-    pub drain_settle: Duration,
     pub pool_size: usize,
     /// Idle lifetime of a pooled engine connection (`None`: unlimited).
     pub pool_idle: Option<Duration>,
@@ -104,7 +102,6 @@ impl Settings {
             health_generate_timeout: cfg.health().timeout.max(Duration::from_secs(5)),
             dp_aware: cfg.dp_aware,
             separate_admin: cfg.admin_addr().is_some(),
-            drain_settle: cfg.health().drain_settle,
             health: cfg.health(),
             overload: cfg.overload(),
             pool_size: 256,
@@ -264,12 +261,8 @@ impl Gateway {
     pub fn retire(self: &Arc<Self>, worker: Arc<Worker>) {
         worker.set_status(Status::Draining);
         let gw = self.clone();
-        let settle = worker
-            .spec
-            .health
-            .as_ref()
-            .and_then(|h| h.drain_settle_secs)
-            .map_or_else(|| self.settings().drain_settle, Duration::from_secs);
+        let settle =
+            crate::workers::health::settings_for(&self.settings_now().health, &worker).drain_settle;
         tokio::spawn(async move {
             tokio::time::sleep(settle).await;
             if gw.registry.remove(&worker.id).is_some() {

@@ -243,7 +243,7 @@ fn startup_retry_after(failures: u32, cap: Duration) -> Duration {
 }
 
 /// The global health settings with the worker's own `health` overrides applied.
-fn settings_for(global: &HealthSettings, w: &Worker) -> HealthSettings {
+pub(crate) fn settings_for(global: &HealthSettings, w: &Worker) -> HealthSettings {
     let mut s = global.clone();
     if let Some(o) = &w.spec.health {
         if let Some(t) = o.timeout_secs {
@@ -260,6 +260,9 @@ fn settings_for(global: &HealthSettings, w: &Worker) -> HealthSettings {
         }
         if o.disable_health_check == Some(true) {
             s.enabled = false;
+        }
+        if let Some(secs) = o.drain_settle_secs {
+            s.drain_settle = Duration::from_secs(secs);
         }
     }
     s
