@@ -90,15 +90,9 @@ impl<B: MetricVecBuilder> Deref for Labelled<B> {
     }
 }
 
-/// Whether a remembered series has these labels: lengths first, so a different series is
-/// usually told apart without comparing bytes.
+/// Whether a remembered series has these labels (string equality compares lengths first).
 fn same(seen: &[Box<str>], labels: &[&str]) -> bool {
-    seen.len() == labels.len()
-        && seen.iter().zip(labels).all(|(a, b)| a.len() == b.len())
-        && seen
-            .iter()
-            .zip(labels)
-            .all(|(a, b)| a.as_bytes() == b.as_bytes())
+    seen.len() == labels.len() && seen.iter().zip(labels).all(|(a, b)| **a == **b)
 }
 
 #[cfg(test)]
