@@ -162,7 +162,11 @@ fn tune_malloc() -> bool {
         );
         if current.contains("glibc.malloc.") {
             // Ours after the re-execution, or the operator's.
-            return current.ends_with(&ours);
+            let re_executed = current.ends_with(&ours);
+            if re_executed {
+                restore_process_name();
+            }
+            return re_executed;
         }
         let tunables = if current.is_empty() {
             ours
@@ -186,6 +190,32 @@ fn tune_malloc() -> bool {
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     true
+}
+
+/// The kernel names a process after the file it executes, so the re-execution through
+/// `/proc/self/exe` left it named `exe` in `ps`, `top` and `pgrep`. This gives it back the name
+/// it was started under (the last part of its `argv[0]`, which the re-execution keeps: `pdgate`,
+/// or whatever the operator renamed or linked it to), before any thread exists (threads take
+/// their first name from the thread that starts them).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn restore_process_name() {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(name) = std::env::args_os().next().and_then(|arg0| {
+        std::path::Path::new(&arg0)
+            .file_name()
+            .map(|n| n.to_os_string())
+    }) else {
+        return;
+    };
+    // The kernel keeps 15 bytes and a NUL.
+    let mut buf = [0u8; 16];
+    let bytes = name.as_bytes();
+    let len = bytes.len().min(15);
+    buf[..len].copy_from_slice(&bytes[..len]);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from `buf`.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, buf.as_ptr());
+    }
 }
 
 /// `RUST_LOG` wins (e.g. `RUST_LOG=pdgate=info,pdgate::legs=debug`); otherwise the config's

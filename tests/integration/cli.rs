@@ -8,7 +8,7 @@ use std::time::Duration;
 use mock_engine::{EngineKind, MockEngine, MockEngineConfig, Role};
 use serde_json::json;
 
-use crate::harness::{free_port, pdgate_bin, Gateway};
+use crate::harness::{free_port, pdgate_bin, Gateway, KillOnDrop};
 
 fn repo(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -91,42 +91,44 @@ async fn launch_with_smg_flags_serves_pd() {
     .unwrap();
     let port = free_port();
     let prom = free_port();
-    let mut child = Command::new(pdgate_bin())
-        .args([
-            "launch",
-            "--pd-disaggregation",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .args([
-            "--prefill",
-            &p.api_url(),
-            &p.bootstrap_port().unwrap().to_string(),
-        ])
-        .args(["--decode", &d.api_url()])
-        .args([
-            "--prefill-policy",
-            "round_robin",
-            "--decode-policy",
-            "random",
-        ])
-        .args([
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            &prom.to_string(),
-        ])
-        .args([
-            "--worker-startup-check-interval",
-            "1",
-            "--shutdown-grace-period-secs",
-            "0",
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = KillOnDrop(
+        Command::new(pdgate_bin())
+            .args([
+                "launch",
+                "--pd-disaggregation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
+            .args([
+                "--prefill",
+                &p.api_url(),
+                &p.bootstrap_port().unwrap().to_string(),
+            ])
+            .args(["--decode", &d.api_url()])
+            .args([
+                "--prefill-policy",
+                "round_robin",
+                "--decode-policy",
+                "random",
+            ])
+            .args([
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                &prom.to_string(),
+            ])
+            .args([
+                "--worker-startup-check-interval",
+                "1",
+                "--shutdown-grace-period-secs",
+                "0",
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let url = format!("http://127.0.0.1:{port}");
     let ready = mock_engine::wait_until(Duration::from_secs(20), || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
@@ -145,6 +147,9 @@ async fn launch_with_smg_flags_serves_pd() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(status, 200, "launch never became ready");
+    // The re-execution with malloc's tunables (through /proc/self/exe) keeps the process's name.
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", child.0.id())).unwrap();
+    assert_eq!(comm.trim_end(), "pdgate", "the name ps and pgrep show");
     let r = mock_engine::client::post_json(
         &format!("{url}/generate"),
         &json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
@@ -155,8 +160,6 @@ async fn launch_with_smg_flags_serves_pd() {
     let rec = &d.records()[0];
     assert_eq!(rec.body["bootstrap_port"], json!(p.bootstrap_port()));
     assert_eq!(rec.handoff.kv_source.as_deref(), Some("remote"));
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

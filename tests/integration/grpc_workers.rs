@@ -4,13 +4,13 @@
 //! `GetLoads`, and never paired with an HTTP leg. Engines run on 127.0.20.x–127.0.28.x, IPs no
 //! other test uses, so a killed engine's port stays free for its replacement.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mock_engine::{EngineKind, Fault, LoadReport, MockEngine, MockEngineConfig, Role};
 use serde_json::{json, Value};
 
-use crate::harness::{error_code, free_port, metric_value, pdgate_bin, Gateway};
+use crate::harness::{error_code, free_port, metric_value, pdgate_bin, Gateway, KillOnDrop};
 
 async fn grpc_engine(engine: EngineKind, role: Role, ip: [u8; 4]) -> MockEngine {
     MockEngine::spawn(MockEngineConfig::grpc_test(engine, role, ip))
@@ -249,15 +249,6 @@ async fn grpc_workers_come_from_yaml_launch_and_reload_with_their_bootstrap_port
     let w = wait_worker_at(&base, &grpc_url(&d), "ready", |w| w["status"] == "ready").await;
     assert_eq!(w["worker_type"], "decode", "{w}");
     drop(launched);
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A gRPC prefill never pairs with an HTTP decode, even with pairing off: alone it is answered

@@ -359,6 +359,17 @@ impl Gateway {
     }
 }
 
+/// A process started by a test, stopped when the test ends — also when an assertion failed (a
+/// gateway left running would hold its ports and the test runner's output pipe).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
