@@ -27,11 +27,17 @@ pub const BACKEND_PD: &str = "pd";
 pub const UNKNOWN_MODEL: &str = "unknown";
 /// `router_type` / `connection_mode` label value of this gateway's HTTP path.
 pub const HTTP: &str = "http";
+/// `router_type` / `connection_mode` label value of its gRPC path.
+pub const GRPC: &str = "grpc";
 
 pub struct Metrics {
     pub router_requests: LabelledCounters,
     pub router_request_duration: LabelledHistogram,
     pub router_request_errors: LabelledCounters,
+    pub router_ttft: LabelledHistogram,
+    pub router_tpot: LabelledHistogram,
+    pub router_generation_duration: LabelledHistogram,
+    pub router_tokens: LabelledCounters,
     pub pd_ttft: LabelledHistogram,
     pub pd_prefill_duration: LabelledHistogram,
     pub pd_kv_transfer_duration: HistogramVec,
@@ -130,6 +136,10 @@ const ROUTER_LABELS: &[&str] = &[
     "endpoint",
 ];
 
+/// Labels of SMG's router inference series (`smg_router_ttft_seconds` and its siblings), which
+/// SMG records on its gRPC path only.
+const ROUTER_INFERENCE_LABELS: &[&str] = &["router_type", "backend_type", "model", "endpoint"];
+
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     Metrics {
     router_requests: remembered_counters(
@@ -160,6 +170,26 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "endpoint",
             "error_type",
         ],
+    ),
+    router_ttft: remembered_histogram(
+        "smg_router_ttft_seconds",
+        "Time to first token of a streamed gRPC request, from the decode stream's start (gRPC only)",
+        ROUTER_INFERENCE_LABELS,
+    ),
+    router_tpot: remembered_histogram(
+        "smg_router_tpot_seconds",
+        "Time per output token after the first, of a streamed gRPC request (gRPC only)",
+        ROUTER_INFERENCE_LABELS,
+    ),
+    router_generation_duration: remembered_histogram(
+        "smg_router_generation_duration_seconds",
+        "Generation time of a streamed gRPC request, from the decode stream's start (gRPC only)",
+        ROUTER_INFERENCE_LABELS,
+    ),
+    router_tokens: remembered_counters(
+        "smg_router_tokens_total",
+        "Tokens of streamed gRPC requests, by token_type (input, output) (gRPC only)",
+        &["router_type", "backend_type", "model", "endpoint", "token_type"],
     ),
     pd_ttft: remembered_histogram(
         "smg_pd_ttft_seconds",

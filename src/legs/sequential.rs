@@ -228,7 +228,8 @@ pub async fn attempt(
         }
     );
 
-    let prefill_done = Instant::now();
+    // No `smg_pd_kv_transfer_duration_seconds` here: SMG records it on gRPC vLLM pairs only
+    // (spec, "PD Metrics"); over HTTP the decode leg goes out as the prefill's answer is read.
     let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(route_path);
     let mut decode_trace = trace::leg(
@@ -250,10 +251,6 @@ pub async fn attempt(
             decode_params.as_deref(),
         )),
     };
-    METRICS
-        .pd_kv_transfer_duration
-        .with_label_values(&labels.as_array())
-        .observe(prefill_done.elapsed().as_secs_f64());
     let head_timeout = if req.facts.stream {
         s.decode_first_byte_timeout
     } else {

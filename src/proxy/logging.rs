@@ -7,10 +7,9 @@ use pingora::Error;
 use super::ctx::RequestCtx;
 use super::routes::Endpoint;
 use crate::gateway::Gateway;
-use crate::metrics::{BACKEND_PD, HTTP, METRICS};
+use crate::metrics::{BACKEND_PD, GRPC, HTTP, METRICS};
 
 pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestCtx) {
-    let _ = gw;
     let elapsed = ctx.started.elapsed();
     let status = if ctx.status == 0 && ctx.client_gone {
         499
@@ -41,11 +40,14 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
             .as_deref()
             .unwrap_or(crate::metrics::UNKNOWN_MODEL);
         let endpoint = route.metric_endpoint();
+        // SMG's HTTP and gRPC PD routers label their series `http` and `grpc` (router type and
+        // connection mode alike).
+        let mode = router_mode(gw, ctx);
         METRICS.router_requests.with(
             &[
-                HTTP,
+                mode,
                 BACKEND_PD,
-                HTTP,
+                mode,
                 model,
                 endpoint,
                 if ctx.streaming { "true" } else { "false" },
@@ -55,12 +57,12 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
         if (200..300).contains(&status) && e.is_none() {
             METRICS
                 .router_request_duration
-                .with(&[HTTP, BACKEND_PD, HTTP, model, endpoint], |m| {
+                .with(&[mode, BACKEND_PD, mode, model, endpoint], |m| {
                     m.observe(elapsed.as_secs_f64())
                 });
         } else if status >= 400 {
             METRICS.router_request_errors.with(
-                &[HTTP, BACKEND_PD, HTTP, model, endpoint, error_type(status)],
+                &[mode, BACKEND_PD, mode, model, endpoint, error_type(status)],
                 |m| m.inc(),
             );
         }
@@ -96,6 +98,20 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
             client_gone = ctx.client_gone;
             ""
         );
+    }
+}
+
+/// `http` or `grpc`: the pair's transport, or, for a request refused before a pair was chosen,
+/// the registered workers' (gRPC when any is).
+fn router_mode(gw: &Gateway, ctx: &RequestCtx) -> &'static str {
+    let grpc = match &ctx.pair {
+        Some(pair) => pair.prefill.is_grpc(),
+        None => gw.registry.snapshot().all.iter().any(|w| w.is_grpc()),
+    };
+    if grpc {
+        GRPC
+    } else {
+        HTTP
     }
 }
 

@@ -92,7 +92,74 @@ async fn pd_chat_matches_the_reference(engine: EngineKind, ips: ([u8; 4], [u8; 4
         assert_eq!(records.len(), 2, "{records:?}");
         assert!(records.iter().all(|r| r.grpc.is_some()));
     }
+    gateway_metrics_are_the_grpc_paths(&gw, engine).await;
     eprintln!("{engine:?}: {want:?}");
+}
+
+/// After one non-streamed and one streamed chat: the series SMG's gRPC PD router records, with
+/// its labels, and only on the pairs the spec's "PD Metrics" table names.
+async fn gateway_metrics_are_the_grpc_paths(gw: &Gateway, engine: EngineKind) {
+    use crate::harness::metric_value;
+    let requests = |m: &str, streaming: &str| {
+        metric_value(
+            m,
+            "smg_router_requests_total",
+            &[
+                ("router_type", "grpc"),
+                ("backend_type", "pd"),
+                ("connection_mode", "grpc"),
+                ("endpoint", "chat"),
+                ("streaming", streaming),
+            ],
+        )
+    };
+    // The request series are recorded once the answer has gone out.
+    let counted = |m: &str| requests(m, "true") == Some(1.0) && requests(m, "false") == Some(1.0);
+    let m = gw.metrics_when(counted).await;
+    assert!(counted(&m), "{engine:?}: smg_router_requests_total\n{m}");
+    let pd = [("backend_type", "pd")];
+    let count = |name: &str| metric_value(&m, name, &pd);
+    let parallel = engine != EngineKind::Vllm;
+    // TTFT for streamed requests on SGLang and TokenSpeed pairs; prefill duration and the KV
+    // window for vLLM.
+    assert_eq!(
+        count("smg_pd_ttft_seconds_count"),
+        parallel.then_some(1.0),
+        "{engine:?}\n{m}"
+    );
+    assert_eq!(
+        count("smg_pd_prefill_duration_seconds_count"),
+        (!parallel).then_some(2.0),
+        "{engine:?}\n{m}"
+    );
+    assert_eq!(
+        count("smg_pd_kv_transfer_duration_seconds_count"),
+        (!parallel).then_some(2.0),
+        "{engine:?}\n{m}"
+    );
+    // The router inference series: the streamed request only.
+    let inference = [
+        ("router_type", "grpc"),
+        ("backend_type", "pd"),
+        ("endpoint", "chat"),
+    ];
+    for h in [
+        "smg_router_ttft_seconds_count",
+        "smg_router_tpot_seconds_count",
+        "smg_router_generation_duration_seconds_count",
+    ] {
+        assert_eq!(
+            metric_value(&m, h, &inference),
+            Some(1.0),
+            "{engine:?} {h}\n{m}"
+        );
+    }
+    for token_type in ["input", "output"] {
+        let mut labels = inference.to_vec();
+        labels.push(("token_type", token_type));
+        let n = metric_value(&m, "smg_router_tokens_total", &labels).unwrap_or(0.0);
+        assert!(n > 1.0, "{engine:?} {token_type} tokens: {n}\n{m}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -460,11 +460,8 @@ const ROUTER_LABELS: &[&str] = &[
 const SPEC_SERIES: &[(&str, &str, &[&str])] = &[
     ("smg_pd_ttft_seconds", "histogram", PD_LABELS),
     ("smg_pd_prefill_duration_seconds", "histogram", PD_LABELS),
-    (
-        "smg_pd_kv_transfer_duration_seconds",
-        "histogram",
-        PD_LABELS,
-    ),
+    // `smg_pd_kv_transfer_duration_seconds` is recorded on gRPC vLLM pairs only (the spec's
+    // table); this HTTP traffic must leave it empty (below, and grpc_pd for gRPC).
     ("smg_pd_kv_connector_mode_total", "counter", &["mode"]),
     ("smg_pd_kv_transfer_failures_total", "counter", &[]),
     ("smg_pd_bootstrap_failures_total", "counter", &[]),
@@ -624,6 +621,11 @@ async fn every_spec_series_is_exported_with_its_type_and_labels() {
             );
         }
     }
+    assert_eq!(
+        metric_value(&m, "smg_pd_kv_transfer_duration_seconds_count", &[]),
+        None,
+        "recorded for gRPC vLLM only\n{m}"
+    );
     for mode in ["nixl", "passthrough"] {
         assert!(
             metric_value(&m, "smg_pd_kv_connector_mode_total", &[("mode", mode)]).unwrap_or(0.0)

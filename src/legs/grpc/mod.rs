@@ -41,6 +41,7 @@ use crate::gateway::{Gateway, Settings};
 use crate::ledger::Handoff;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
+use crate::proxy::routes::Endpoint;
 use crate::reply::Reply;
 use crate::workers::admission::{self, NotAdmitted};
 use crate::workers::select::Pair;
@@ -230,7 +231,8 @@ impl Legs<'_> {
         }
     }
 
-    /// The prefill finished (duration from dispatch).
+    /// The prefill finished (duration from dispatch). Sequential (vLLM) pairs only: SMG records
+    /// no prefill duration on parallel gRPC pairs (spec, "PD Metrics").
     pub fn prefill_done(&self, dispatched: Instant) {
         METRICS
             .pd_prefill_duration
@@ -258,6 +260,11 @@ pub async fn relay_open_decode(
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
         labels: legs.labels(),
+        pd_ttft: p.gen.stream && Engine::of(legs.pair.decode.runtime()) != Some(Engine::Vllm),
+        endpoint: match &ctx.endpoint {
+            Some(Endpoint::Pd(route)) => route.metric_endpoint(),
+            _ => "unknown",
+        },
         read_cache_report: Engine::of(legs.pair.decode.runtime()) == Some(Engine::Vllm),
     };
     relay::relay(session, ctx, decode, plan).await
@@ -312,15 +319,8 @@ pub fn stream_failed(status: &Status) -> Reply {
 }
 
 /// Drains a parallel prefill that is still running after the decode started: it completes on
-/// its own (no abort), bounded by `deadline`; its breaker and duration are recorded when it ends.
-pub fn spawn_prefill_drain(
-    mut prefill: GrpcLeg,
-    handoff: Arc<Handoff>,
-    deadline: Duration,
-    labels: &PdLabels,
-    dispatched: Instant,
-) {
-    let labels = labels.clone();
+/// its own (no abort), bounded by `deadline`; its breaker outcome is recorded when it ends.
+pub fn spawn_prefill_drain(mut prefill: GrpcLeg, handoff: Arc<Handoff>, deadline: Duration) {
     tokio::spawn(async move {
         let _handoff = handoff;
         let drained = tokio::time::timeout(deadline, async {
@@ -337,9 +337,6 @@ pub fn spawn_prefill_drain(
             Ok(Ok(())) => {
                 prefill.completed();
                 prefill.worker.record_leg(Some(200));
-                METRICS.pd_prefill_duration.with(&labels.as_array(), |m| {
-                    m.observe(dispatched.elapsed().as_secs_f64())
-                });
             }
             Ok(Err(status)) => prefill
                 .worker

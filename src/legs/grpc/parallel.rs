@@ -194,7 +194,7 @@ pub async fn attempt(
         } else {
             s.request_timeout
         };
-    if let Err(end) = open_all(legs, session, &mut samples, open_deadline, dispatched).await {
+    if let Err(end) = open_all(legs, session, &mut samples, open_deadline).await {
         fail_all(&samples);
         return end;
     }
@@ -206,13 +206,7 @@ pub async fn attempt(
         if sample.prefill_done {
             drop(sample.handoff);
         } else {
-            spawn_prefill_drain(
-                sample.prefill,
-                sample.handoff,
-                s.prefill_head_timeout,
-                legs.labels(),
-                dispatched,
-            );
+            spawn_prefill_drain(sample.prefill, sample.handoff, s.prefill_head_timeout);
         }
         decodes.push(sample.decode);
     }
@@ -236,7 +230,6 @@ async fn open_all(
     session: &mut Session,
     samples: &mut [Sample],
     deadline: tokio::time::Instant,
-    dispatched: Instant,
 ) -> Result<(), Attempt> {
     let pair = legs.pair;
     let total = samples.len();
@@ -290,8 +283,9 @@ async fn open_all(
             },
             p = prefills.next(), if !prefills.is_empty() => match p {
                 Some(Ok(i)) => {
+                    // No `smg_pd_prefill_duration_seconds` on parallel gRPC pairs: SMG records it
+                    // for HTTP PD and gRPC vLLM only (spec, "PD Metrics").
                     pair.prefill.record_leg(Some(200));
-                    legs.prefill_done(dispatched);
                     done.push(i);
                 }
                 Some(Err((status, opened))) => {

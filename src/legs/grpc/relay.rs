@@ -32,7 +32,7 @@ use crate::head::Head;
 use crate::legs::dispatch::Attempt;
 use crate::legs::parallel::PdLabels;
 use crate::legs::relay::{write_last, write_piece};
-use crate::metrics::METRICS;
+use crate::metrics::{BACKEND_PD, GRPC, METRICS};
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON};
 use crate::workers::Worker;
@@ -49,6 +49,11 @@ pub struct RelayPlan<'a> {
     /// The request's total deadline.
     pub deadline: Instant,
     pub labels: &'a PdLabels,
+    /// Record `smg_pd_ttft_seconds`: SMG does for streamed requests on SGLang and TokenSpeed
+    /// pairs only (spec, "PD Metrics").
+    pub pd_ttft: bool,
+    /// The `endpoint` label of the router inference series (`chat`, `generate`, …).
+    pub endpoint: &'static str,
     /// Fold the answer's cached-token count into `ctx.kv_verdict` (vLLM's servicer reports
     /// the prompt tokens its connector loaded as `cached_tokens`).
     pub read_cache_report: bool,
@@ -277,9 +282,12 @@ pub async fn relay(
         if ctx.ttft.is_none() && out.produced {
             let ttft = plan.dispatched.elapsed();
             ctx.ttft = Some(ttft);
-            METRICS
-                .pd_ttft
-                .with(&plan.labels.as_array(), |m| m.observe(ttft.as_secs_f64()));
+            out.first_output = Some(Instant::now());
+            if plan.pd_ttft {
+                METRICS
+                    .pd_ttft
+                    .with(&plan.labels.as_array(), |m| m.observe(ttft.as_secs_f64()));
+            }
         }
         if out.all_finished() {
             source.worker().record_leg(Some(200));
@@ -300,6 +308,7 @@ pub async fn relay(
             if !plan.streaming {
                 return out.send_body(session, ctx, plan.decode).await;
             }
+            out.record_stream(&plan);
             if out.end_stream(session).await.is_err() {
                 return Attempt::ClientGone;
             }
@@ -362,7 +371,12 @@ struct Output {
     rows: Vec<TokenLogprob>,
     produced: bool,
     any_ended_early: bool,
+    /// The decode stream's start: the origin of the router inference series.
     started: Instant,
+    /// When the first output reached the client's buffer.
+    first_output: Option<Instant>,
+    /// Completion tokens of the finished choices.
+    output_tokens: u64,
 }
 
 impl Output {
@@ -411,6 +425,43 @@ impl Output {
             produced: false,
             any_ended_early: false,
             started: Instant::now(),
+            first_output: None,
+            output_tokens: 0,
+        }
+    }
+
+    /// SMG's router inference series of a streamed request that ended well (its gRPC path
+    /// records them for streamed requests only): TTFT and generation time from the decode
+    /// stream's start, which is why they measure the decode leg alone; time per output token
+    /// after the first; input and output tokens.
+    fn record_stream(&self, plan: &RelayPlan<'_>) {
+        let labels = [GRPC, BACKEND_PD, plan.labels.model(), plan.endpoint];
+        let generation = self.started.elapsed();
+        if let Some(first) = self.first_output {
+            let ttft = first.saturating_duration_since(self.started);
+            METRICS
+                .router_ttft
+                .with(&labels, |m| m.observe(ttft.as_secs_f64()));
+            if self.output_tokens > 1 {
+                let per =
+                    generation.saturating_sub(ttft).as_secs_f64() / (self.output_tokens - 1) as f64;
+                METRICS.router_tpot.with(&labels, |m| m.observe(per));
+            }
+        }
+        METRICS
+            .router_generation_duration
+            .with(&labels, |m| m.observe(generation.as_secs_f64()));
+        let input = self
+            .choices
+            .first()
+            .map_or(0, |c| u64::from(c.prompt_tokens));
+        for (token_type, n) in [("input", input), ("output", self.output_tokens)] {
+            if n > 0 {
+                let [r, b, m, e] = labels;
+                METRICS
+                    .router_tokens
+                    .with(&[r, b, m, e, token_type], |c| c.inc_by(n));
+            }
         }
     }
 
@@ -532,6 +583,7 @@ impl Output {
     ) {
         let c = &mut self.choices[index as usize];
         c.finished = true;
+        self.output_tokens += u64::from(completion);
         let usage = ChoiceUsage {
             prompt_tokens: c.prompt_tokens,
             completion_tokens: completion,
