@@ -1,6 +1,7 @@
 //! Admin and local endpoints: readiness, the worker API, and who may call them.
 
 pub mod auth;
+pub mod engines;
 pub mod workers;
 
 use crate::config::WorkerType;

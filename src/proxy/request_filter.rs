@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 use pdgate_filters::errors::ErrorCode;
 use pdgate_filters::{classify, scan_object, Route};
 use pingora::proxy::Session;
@@ -66,12 +66,16 @@ async fn serve(
                 Endpoint::Pd(_)
                 | Endpoint::CountTokens
                 | Endpoint::NotInPd
-                | Endpoint::HealthGenerate,
+                | Endpoint::HealthGenerate
+                | Endpoint::Models
+                | Endpoint::ServerInfo
+                | Endpoint::ModelInfo,
             ) => false,
             (
                 Listener::Data,
                 Endpoint::Workers
                 | Endpoint::Worker(_)
+                | Endpoint::FlushCache
                 | Endpoint::Reload
                 | Endpoint::DebugHandoffs
                 | Endpoint::DebugCapacity,
@@ -174,6 +178,33 @@ async fn serve(
             reply::send(session, ctx, admin::readiness(gw)).await?;
             Ok(true)
         }
+        Endpoint::Models => {
+            reply::send(session, ctx, admin::engines::models(gw)).await?;
+            Ok(true)
+        }
+        Endpoint::ServerInfo | Endpoint::ModelInfo => {
+            let (path, forwarded) = if endpoint == Endpoint::ModelInfo {
+                ("/get_model_info", forwardable_headers(session))
+            } else {
+                ("/get_server_info", Vec::new())
+            };
+            let reply = Box::pin(admin::engines::proxy_info(gw, path, &forwarded)).await;
+            reply::send(session, ctx, reply).await?;
+            Ok(true)
+        }
+        Endpoint::FlushCache => {
+            refuse_unread(session);
+            let reply = if !admin::auth::may_mutate(&gw.settings_now(), session) {
+                Reply::error(
+                    ErrorCode::Forbidden,
+                    "flush_cache is accepted only from trusted (loopback) peers when no api_key is configured",
+                )
+            } else {
+                Box::pin(admin::engines::flush_cache(gw)).await
+            };
+            reply::send(session, ctx, reply).await?;
+            Ok(true)
+        }
         Endpoint::NotInPd => {
             refuse_unread(session);
             reply::send(
@@ -238,6 +269,30 @@ fn has_conflicting_framing(session: &Session) -> bool {
     h1.get_headers_raw_bytes()
         .split(|b| *b == b'\n')
         .any(|line| line.len() >= NAME.len() && line[..NAME.len()].eq_ignore_ascii_case(NAME))
+}
+
+/// The client's headers SMG copies onto a proxied `/get_model_info`: all but the connection's
+/// own (hop-by-hop, host, framing) and a body's type.
+fn forwardable_headers(session: &Session) -> Vec<(HeaderName, HeaderValue)> {
+    use http::header;
+    const NOT_FORWARDED: [HeaderName; 9] = [
+        header::HOST,
+        header::CONNECTION,
+        header::CONTENT_LENGTH,
+        header::CONTENT_TYPE,
+        header::TRANSFER_ENCODING,
+        header::TE,
+        header::TRAILER,
+        header::UPGRADE,
+        header::PROXY_AUTHORIZATION,
+    ];
+    session
+        .req_header()
+        .headers
+        .iter()
+        .filter(|(n, _)| !NOT_FORWARDED.contains(n) && n.as_str() != "keep-alive")
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect()
 }
 
 /// A refusal sent without reading the request body: the unread bytes make the connection

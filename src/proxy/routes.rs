@@ -19,6 +19,14 @@ pub enum Endpoint {
     HealthGenerate,
     Liveness,
     Readiness,
+    /// `GET /v1/models`: the registered workers' models.
+    Models,
+    /// `GET /get_server_info`: the first prefill worker's answer.
+    ServerInfo,
+    /// `GET /get_model_info`: the first prefill worker's answer, with the client's headers.
+    ModelInfo,
+    /// `POST /flush_cache`: every worker flushes its cache (admin).
+    FlushCache,
     /// `/workers` (list; register).
     Workers,
     /// `/workers/{id}`.
@@ -40,6 +48,10 @@ impl Endpoint {
             Endpoint::NotInPd => "unsupported",
             Endpoint::Health => "/health",
             Endpoint::HealthGenerate => "/health_generate",
+            Endpoint::Models => "/v1/models",
+            Endpoint::ServerInfo => "/get_server_info",
+            Endpoint::ModelInfo => "/get_model_info",
+            Endpoint::FlushCache => "/flush_cache",
             Endpoint::Liveness => "/liveness",
             Endpoint::Readiness => "/readiness",
             Endpoint::Workers => "/workers",
@@ -50,12 +62,14 @@ impl Endpoint {
         }
     }
 
-    /// Routes that need the API key when one is configured (serving and worker API).
+    /// Routes that need the API key when one is configured (serving and worker API). The
+    /// model list and the engines' info are public, as SMG's.
     pub fn needs_api_key(&self) -> bool {
         matches!(
             self,
             Endpoint::Pd(_)
                 | Endpoint::CountTokens
+                | Endpoint::FlushCache
                 | Endpoint::Workers
                 | Endpoint::Worker(_)
                 | Endpoint::Reload
@@ -90,6 +104,10 @@ pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, RouteRefusal> {
     match path {
         "/health" => get_only(Endpoint::Health),
         "/health_generate" => get_only(Endpoint::HealthGenerate),
+        "/v1/models" => get_only(Endpoint::Models),
+        "/get_server_info" => get_only(Endpoint::ServerInfo),
+        "/get_model_info" => get_only(Endpoint::ModelInfo),
+        "/flush_cache" => post_only(Endpoint::FlushCache),
         "/liveness" => get_only(Endpoint::Liveness),
         "/readiness" => get_only(Endpoint::Readiness),
         "/v1/embeddings" | "/v1/classify" => post_only(Endpoint::NotInPd),

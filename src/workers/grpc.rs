@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use pdgate_proto::{sglang, tokenspeed, vllm};
+use pdgate_proto::{common, sglang, tokenspeed, vllm};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
@@ -322,6 +322,34 @@ impl ControlChannels {
             facts::vllm_kv_transfer(&server.kv_connector, &server.kv_role, &server.kv_engine_id)
                 .engine_id,
         )
+    }
+
+    /// The engine's `FlushCache` (flush now: fails while requests run, as SMG asks it).
+    /// `Err`: why the cache was not flushed.
+    pub async fn flush_cache(&self, w: &Worker, timeout: Duration) -> Result<(), String> {
+        let ch = self.channel(w);
+        let flush = || Self::request(w, common::FlushCacheRequest { timeout_s: 0.0 }, timeout);
+        let reply = match w.runtime() {
+            RuntimeType::Sglang => {
+                let mut c = sglang::sglang_scheduler_client::SglangSchedulerClient::new(ch);
+                call("FlushCache", timeout, c.flush_cache(flush())).await?
+            }
+            RuntimeType::Vllm => {
+                let mut c = vllm::vllm_engine_client::VllmEngineClient::new(ch);
+                call("FlushCache", timeout, c.flush_cache(flush())).await?
+            }
+            RuntimeType::Tokenspeed => {
+                let mut c =
+                    tokenspeed::token_speed_scheduler_client::TokenSpeedSchedulerClient::new(ch);
+                call("FlushCache", timeout, c.flush_cache(flush())).await?
+            }
+            other => return Err(format!("a {} servicer has no FlushCache", other.as_str())),
+        };
+        if reply.success {
+            Ok(())
+        } else {
+            Err(format!("FlushCache: {}", reply.message))
+        }
     }
 
     /// The engine's `GetLoads`, one row per DP rank; `None` when it does not answer or its

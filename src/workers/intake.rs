@@ -154,28 +154,65 @@ pub async fn worker_get(
     path: &str,
     timeout: Duration,
 ) -> Option<(bool, Bytes)> {
-    let mut headers = Vec::new();
+    let answer = worker_call(client, w, "GET", path, &[], timeout)
+        .await
+        .ok()?;
+    Some(((200..300).contains(&answer.status), answer.body))
+}
+
+/// What a worker answered to [`worker_call`].
+pub struct WorkerAnswer {
+    pub status: u16,
+    pub content_type: Option<http::HeaderValue>,
+    pub body: Bytes,
+}
+
+/// One control-plane request to a worker with an empty body: `headers` (the caller's), and the
+/// worker's registered `api_key` as a bearer token unless `headers` carry an `authorization`;
+/// a deadline on the whole exchange; the body read up to 4 MiB. `Err`: why there is no answer.
+pub async fn worker_call(
+    client: &LegClient,
+    w: &Worker,
+    method: &'static str,
+    path: &str,
+    headers: &[(http::HeaderName, http::HeaderValue)],
+    timeout: Duration,
+) -> Result<WorkerAnswer, String> {
+    let mut all = headers.to_vec();
     if let Some(key) = &w.spec.api_key {
-        if let Ok(v) = http::HeaderValue::from_str(&format!("Bearer {key}")) {
-            headers.push((http::header::AUTHORIZATION, v));
+        if !all.iter().any(|(n, _)| n == http::header::AUTHORIZATION) {
+            if let Ok(v) = http::HeaderValue::from_str(&format!("Bearer {key}")) {
+                all.push((http::header::AUTHORIZATION, v));
+            }
         }
     }
     let full = w.address.path_for(path);
     let req = LegRequest {
-        method: "GET",
+        method,
         path: &full,
         host: &w.address.authority,
-        headers: &headers,
+        headers: &all,
         body: Bytes::new(),
     };
     let exchange = async {
-        let mut leg = client.open(&w.peer, &req, timeout).await.ok()?;
-        let ok = leg.is_success();
-        let body = leg.read_to_end(4 << 20).await.ok()?;
+        let mut leg = client
+            .open(&w.peer, &req, timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = leg.status();
+        let content_type = leg.head().headers.get(http::header::CONTENT_TYPE).cloned();
+        let body = leg.read_to_end(4 << 20).await.map_err(|e| e.to_string())?;
         client.release(leg, &w.peer).await;
-        Some((ok, body))
+        Ok(WorkerAnswer {
+            status,
+            content_type,
+            body,
+        })
     };
-    tokio::time::timeout(timeout, exchange).await.ok().flatten()
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(answer) => answer,
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
 }
 
 /// `--dp-aware`: one logical worker per data-parallel rank, `url@rank`, each carrying its rank

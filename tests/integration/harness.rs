@@ -545,6 +545,10 @@ impl RawEngine {
         }
     }
 
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     pub fn answer_with(&self, pieces: &[&[u8]]) {
         *self.answer.lock().unwrap() = pieces.iter().map(|p| p.to_vec()).collect();
     }

@@ -5,6 +5,7 @@ mod admission;
 mod chaos;
 mod cli;
 mod deploy;
+mod engine_routes;
 mod engine_wire;
 mod fanout;
 mod file_discovery;

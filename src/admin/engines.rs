@@ -1,0 +1,203 @@
+//! The routes SMG's PD router serves from its workers rather than from a prefill/decode pair:
+//! `GET /v1/models` (the registry's models), `GET /get_server_info` and `GET /get_model_info`
+//! (proxied to the first registered prefill worker) and `POST /flush_cache` (every worker).
+//! Shapes and codes are SMG 1.13.0's (checked against `smg launch` on the mock engines).
+
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+use pdgate_filters::errors::{self, ErrorCode};
+use serde_json::{json, Value};
+
+use crate::config::WorkerType;
+use crate::gateway::Gateway;
+use crate::reply::Reply;
+use crate::workers::grpc::ControlChannels;
+use crate::workers::intake::worker_call;
+use crate::workers::Worker;
+
+/// How long a proxied info request or a worker's cache flush may take.
+const ENGINE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `GET /v1/models`: OpenAI's model list, one card per model the registered workers serve
+/// (declared in their specs or reported by their engines), first registration first. No model
+/// known: 503 `No models available` (text), as SMG.
+pub fn models(gw: &Gateway) -> Reply {
+    let snap = gw.registry.snapshot();
+    let mut ids: Vec<&str> = Vec::new();
+    for w in snap.all.iter() {
+        for m in w.models() {
+            if !ids.contains(&m.as_str()) {
+                ids.push(m);
+            }
+        }
+    }
+    if ids.is_empty() {
+        return Reply::text(503, "No models available");
+    }
+    let data: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "self_hosted"}))
+        .collect();
+    Reply::json(200, json!({"object": "list", "data": data}).to_string())
+}
+
+/// `GET /get_server_info` and `GET /get_model_info`: the first registered prefill worker's own
+/// answer (status 200, its body and content type). Its error status maps to `server_*`
+/// (`errors::server_error`); no answer is 500 `proxy_request_failed`; no prefill worker 503
+/// `no_prefill_servers`. `forwarded`: the client's headers to send along (SMG copies them for
+/// `/get_model_info` only). A gRPC worker has no such HTTP route: 501, as SMG's gRPC router.
+pub async fn proxy_info(
+    gw: &Gateway,
+    path: &'static str,
+    forwarded: &[(HeaderName, HeaderValue)],
+) -> Reply {
+    let snap = gw.registry.snapshot();
+    let Some(prefill) = snap.all.iter().find(|w| w.role() == WorkerType::Prefill) else {
+        return Reply::error(ErrorCode::NoPrefillServers, "No prefill servers available");
+    };
+    if prefill.is_grpc() {
+        let what = if path == "/get_model_info" {
+            "Get model info"
+        } else {
+            "Server info"
+        };
+        return Reply::text(501, format!("{what} not implemented"));
+    }
+    match worker_call(
+        &gw.client,
+        prefill,
+        "GET",
+        path,
+        forwarded,
+        ENGINE_CALL_TIMEOUT,
+    )
+    .await
+    {
+        Ok(a) if (200..300).contains(&a.status) => {
+            let reply = Reply::body(200, "", a.body);
+            match a.content_type {
+                Some(ct) => reply.with_header_value(http::header::CONTENT_TYPE, ct),
+                None => reply,
+            }
+        }
+        Ok(a) => {
+            let (status, code) = errors::server_error(a.status);
+            Reply::error_with_status(
+                status,
+                code,
+                format!(
+                    "Server returned status: {} {}",
+                    a.status,
+                    errors::reason_phrase(a.status)
+                ),
+            )
+        }
+        Err(why) => Reply::error(
+            ErrorCode::ProxyRequestFailed,
+            format!("Failed to proxy request: {why}"),
+        ),
+    }
+}
+
+/// `POST /flush_cache`: every registered worker flushes its prefix cache at once (HTTP: the
+/// engine's `POST /flush_cache`; gRPC: its `FlushCache`). 200 when all did, 206 with the
+/// failures otherwise; SMG's body. A DP rank's worker shares its engine, so an engine is asked
+/// once.
+pub async fn flush_cache(gw: &Gateway) -> Reply {
+    let snap = gw.registry.snapshot();
+    let mut engines: Vec<&std::sync::Arc<Worker>> = Vec::new();
+    for w in snap.all.iter() {
+        if !engines
+            .iter()
+            .any(|e| e.address.base_url == w.address.base_url)
+        {
+            engines.push(w);
+        }
+    }
+    let http_workers = engines.iter().filter(|w| !w.is_grpc()).count();
+    let grpc_workers = engines.len() - http_workers;
+    if engines.is_empty() {
+        return flush_reply(
+            &[],
+            &[],
+            0,
+            0,
+            "No workers available for cache flush".into(),
+        );
+    }
+    let channels = ControlChannels::new();
+    let flushes = engines.iter().map(|w| {
+        let channels = &channels;
+        async move {
+            let result = if w.is_grpc() {
+                channels.flush_cache(w, ENGINE_CALL_TIMEOUT).await
+            } else {
+                match worker_call(
+                    &gw.client,
+                    w,
+                    "POST",
+                    "/flush_cache",
+                    &[],
+                    ENGINE_CALL_TIMEOUT,
+                )
+                .await
+                {
+                    Ok(a) if (200..300).contains(&a.status) => Ok(()),
+                    Ok(a) => Err(format!(
+                        "flush_cache returned {}: {}",
+                        a.status,
+                        String::from_utf8_lossy(&a.body).trim()
+                    )),
+                    Err(why) => Err(why),
+                }
+            };
+            (w.address.base_url.clone(), result)
+        }
+    });
+    let results = futures::future::join_all(flushes).await;
+    let mut ok = Vec::new();
+    let mut failed = Vec::new();
+    for (url, result) in results {
+        match result {
+            Ok(()) => ok.push(url),
+            Err(why) => failed.push((url, why)),
+        }
+    }
+    let message = if failed.is_empty() {
+        format!("Successfully flushed cache on all {} workers", ok.len())
+    } else {
+        format!(
+            "Cache flush: {} succeeded, {} failed",
+            ok.len(),
+            failed.len()
+        )
+    };
+    flush_reply(&ok, &failed, http_workers, grpc_workers, message)
+}
+
+fn flush_reply(
+    ok: &[String],
+    failed: &[(String, String)],
+    http_workers: usize,
+    grpc_workers: usize,
+    message: String,
+) -> Reply {
+    let mut body = json!({
+        "status": if failed.is_empty() { "success" } else { "partial_success" },
+        "message": message,
+        "workers_flushed": ok.len(),
+        "total_http_workers": http_workers,
+        "total_grpc_workers": grpc_workers,
+        "total_zmq_workers_skipped": 0,
+        "total_workers": http_workers + grpc_workers,
+    });
+    if !failed.is_empty() {
+        body["successful"] = json!(ok);
+        body["failed"] = failed
+            .iter()
+            .map(|(url, why)| json!({"worker": url, "error": why}))
+            .collect();
+    }
+    Reply::json(if failed.is_empty() { 200 } else { 206 }, body.to_string())
+}

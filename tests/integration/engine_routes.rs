@@ -1,0 +1,135 @@
+//! The routes SMG's PD router answers from its workers rather than from a pair: `/v1/models`,
+//! `/get_server_info`, `/get_model_info` and `/flush_cache`, in SMG 1.13.0's shapes.
+
+use serde_json::{json, Value};
+
+use crate::harness::{error_code, gateway_for, Gateway, RawEngine, SglangFleet};
+
+async fn engine_get(url: &str) -> Value {
+    mock_engine::client::get(url)
+        .await
+        .expect("the engine answers")
+        .json()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_routes_answer_from_the_registered_workers() {
+    let fleet = SglangFleet::start(|_| {}).await;
+    let gw = gateway_for(&fleet, "").await;
+
+    let r = gw.get("/v1/models").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"object": "list", "data": [
+            {"id": "mock-model", "object": "model", "created": 0, "owned_by": "self_hosted"}]})
+    );
+
+    // The first prefill worker's own answers, as they are.
+    for path in ["/get_server_info", "/get_model_info"] {
+        let r = gw.get(path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let direct = engine_get(&format!("{}{path}", fleet.prefill.api_url())).await;
+        assert_eq!(r.json(), direct, "{path}");
+        assert_eq!(
+            direct["disaggregation_mode"].as_str().unwrap_or("prefill"),
+            "prefill"
+        );
+    }
+
+    let r = gw.post("/flush_cache", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"status": "success", "message": "Successfully flushed cache on all 2 workers",
+            "workers_flushed": 2, "total_http_workers": 2, "total_grpc_workers": 0,
+            "total_zmq_workers_skipped": 0, "total_workers": 2})
+    );
+}
+
+/// What each route answers when the engines fail it, or when there are none; `/flush_cache`
+/// reaches every engine and needs the API key, the model list does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_routes_say_what_went_wrong() {
+    let p = RawEngine::spawn([127, 0, 40, 1]).await;
+    let d = RawEngine::spawn([127, 0, 40, 2]).await;
+    let mut gw = Gateway::start(
+        &[p.spec("prefill"), d.spec("decode")],
+        "  api_key: s3cret\n",
+    )
+    .await;
+    gw.wait_ready().await;
+
+    // The raw engine answers every GET but /health with 404.
+    let r = gw.get("/get_server_info").await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(error_code(&r), "server_not_found");
+    assert_eq!(
+        r.json()["error"]["message"],
+        "Server returned status: 404 Not Found"
+    );
+
+    // Nothing declared or reported a model.
+    let r = gw.get("/v1/models").await;
+    assert_eq!(
+        (r.status, r.text()),
+        (503, "No models available".to_string())
+    );
+
+    let flush = |key: Option<&'static str>| {
+        let url = gw.url("/flush_cache");
+        async move {
+            let auth = key.map(|k| format!("Bearer {k}"));
+            let headers: Vec<(&str, &str)> = auth
+                .as_deref()
+                .map(|a| vec![("authorization", a)])
+                .unwrap_or_default();
+            mock_engine::client::request("POST", &url, &headers, None)
+                .await
+                .expect("flush_cache answers")
+        }
+    };
+    let r = flush(None).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(p.received().is_empty() && d.received().is_empty());
+
+    p.answer_with(&[b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"]);
+    d.answer_with(&[b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nbusy"]);
+    let r = flush(Some("s3cret")).await;
+    assert_eq!(r.status, 206, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], "partial_success");
+    assert_eq!(v["message"], "Cache flush: 1 succeeded, 1 failed");
+    assert_eq!(v["workers_flushed"], 1);
+    assert_eq!(v["successful"], json!([format!("http://{}", p.addr())]));
+    assert_eq!(v["failed"][0]["worker"], format!("http://{}", d.addr()));
+    assert!(
+        v["failed"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("500: busy"),
+        "{v}"
+    );
+    for e in [&p, &d] {
+        assert_eq!(e.received(), vec![("/flush_cache".to_string(), Vec::new())]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_workers_the_engine_routes_say_so() {
+    let gw = Gateway::start(&[], "").await;
+    let r = gw.get("/v1/models").await;
+    assert_eq!(
+        (r.status, r.text()),
+        (503, "No models available".to_string())
+    );
+    for path in ["/get_server_info", "/get_model_info"] {
+        let r = gw.get(path).await;
+        assert_eq!(r.status, 503, "{path}: {}", r.text());
+        assert_eq!(error_code(&r), "no_prefill_servers", "{path}");
+    }
+    let r = gw.post("/flush_cache", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["message"], "No workers available for cache flush");
+    assert_eq!(r.json()["total_workers"], 0);
+}
