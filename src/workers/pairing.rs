@@ -79,7 +79,9 @@ impl Descriptor {
     }
 
     /// The `pd_pairing` key of `GET /workers`: the explicit protocol, or
-    /// `runtime/transport/dtype=..,page=..,attn=..,model=..` with `?` for unknown parts.
+    /// `runtime/transport/layout` with `?` for an unknown part. The layout lists the facts that
+    /// are known (`dtype=auto,attn=flash_attn`), `?` when none is — as SMG 1.13.0 renders it
+    /// (`sglang/?/?` for an HTTP SGLang worker).
     pub fn key(&self) -> String {
         if let Some(p) = &self.protocol {
             return p.clone();
@@ -89,11 +91,17 @@ impl Descriptor {
             self.runtime.unwrap_or("?"),
             self.transport.as_deref().unwrap_or("?")
         );
-        for (i, (value, (_, _, abbr))) in self.layout.iter().zip(LAYOUT).enumerate() {
-            if i > 0 {
-                k.push(',');
+        let layout_start = k.len();
+        for (value, (_, _, abbr)) in self.layout.iter().zip(LAYOUT) {
+            if let Some(value) = value {
+                if k.len() > layout_start {
+                    k.push(',');
+                }
+                let _ = write!(k, "{abbr}={value}");
             }
-            let _ = write!(k, "{abbr}={}", value.as_deref().unwrap_or("?"));
+        }
+        if k.len() == layout_start {
+            k.push('?');
         }
         k
     }
@@ -309,11 +317,14 @@ mod tests {
     #[test]
     fn key_shows_unknown_parts_as_question_marks() {
         let d = desc("vllm", "nixl", Some("auto"));
-        assert_eq!(d.key(), "vllm/nixl/dtype=auto,page=16,attn=?,model=?");
-        assert_eq!(
-            Descriptor::default().key(),
-            "?/?/dtype=?,page=?,attn=?,model=?"
-        );
+        assert_eq!(d.key(), "vllm/nixl/dtype=auto,page=16");
+        assert_eq!(Descriptor::default().key(), "?/?/?");
+        let sparse = Descriptor {
+            runtime: Some("vllm"),
+            layout: [Some("auto".into()), None, Some("flash_attn".into()), None],
+            ..Descriptor::default()
+        };
+        assert_eq!(sparse.key(), "vllm/?/dtype=auto,attn=flash_attn");
         let p = Descriptor {
             protocol: Some("proto-x".into()),
             ..Descriptor::default()

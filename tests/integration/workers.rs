@@ -136,6 +136,9 @@ async fn worker_api_answers_like_smg() {
     let w = wait_status(&gw, &id, "ready").await;
     assert_eq!(w["worker_type"], "prefill");
     assert_eq!(w["bootstrap_port"], json!(p.bootstrap_port()));
+    // The transport from the registered `disaggregation_transfer_backend` label; an HTTP engine
+    // reports no KV layout, which SMG 1.13.0 shows as one `?`.
+    assert_eq!(w["pd_pairing"], "sglang/mooncake/?", "{w}");
     assert!(w.get("api_key").is_none(), "api_key echoed: {w}");
     let listing = gw.get("/workers").await.text();
     assert!(
