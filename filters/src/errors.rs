@@ -103,7 +103,8 @@ catalogue! {
     MissingModel = "missing_model", 400;
     /// The body exceeds the configured maximum size.
     PayloadTooLarge = "payload_too_large", 413;
-    NotFound = "not_found", 404;
+    /// A path no route serves (SMG 1.13.0's code and message: `Invalid URL (GET /x)`).
+    UnknownUrl = "unknown_url", 404;
     MethodNotAllowed = "method_not_allowed", 405;
     /// A route the PD router does not serve (embeddings, classify).
     NotImplemented = "not_implemented", 501;

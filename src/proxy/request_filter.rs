@@ -137,9 +137,10 @@ async fn serve(
         Err(refusal) => {
             refuse_unread(session);
             let reply = match refusal {
-                RouteRefusal::NotFound => {
-                    Reply::error(ErrorCode::NotFound, format!("no route for {method} {path}"))
-                }
+                RouteRefusal::NotFound => Reply::error(
+                    ErrorCode::UnknownUrl,
+                    format!("Invalid URL ({method} {path})"),
+                ),
                 RouteRefusal::MethodNotAllowed(allow) => Reply::error(
                     ErrorCode::MethodNotAllowed,
                     format!("{method} is not allowed on {path} (allowed: {allow})"),

@@ -596,7 +596,11 @@ async fn local_refusals_are_json_errors_and_never_forwarded() {
     assert_eq!(r.status, 501);
     let r = gw.post("/v2/unknown", &json!({})).await;
     assert_eq!(r.status, 404);
-    assert_eq!(r.json()["error"]["code"], "not_found");
+    assert_eq!(r.json()["error"]["code"], "unknown_url");
+    assert_eq!(
+        r.json()["error"]["message"],
+        "Invalid URL (POST /v2/unknown)"
+    );
     let r = gw.get("/v1/chat/completions").await;
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("POST"));
