@@ -136,23 +136,39 @@ async fn an_http_slot_is_released_however_its_decode_leg_ends() {
             .status,
         400
     );
-    // 3. The prefill refused the leg (the decode was waiting for KV and was dropped).
-    p.inject(fail(400)).await;
+    // 3. The prefill refused the leg (the decode was waiting for KV and was dropped). The
+    // fault holds until reset: step 2's prefill leg, dropped when its decode refused, may reach
+    // the engine after this point and would take a one-time fault meant for this step.
+    p.inject(Fault::FailStatus {
+        status: 400,
+        body: None,
+        count: None,
+        matcher: FaultMatch::default(),
+    })
+    .await;
     assert_eq!(
         gw.post("/v1/chat/completions", &chat(2, false))
             .await
             .status,
         400
     );
-    // 4. The decode broke mid-stream.
+    p.reset().await;
+    // 4. The decode broke after its head (held until reset, for the same reason). Once the
+    // stream has started the client gets an error event; if the break is seen before (the
+    // prefill's head not yet in), every attempt breaks and the client gets a 5xx.
     d.inject(Fault::DropConnectionAfterHead {
-        count: Some(1),
+        count: None,
         matcher: FaultMatch::default(),
     })
     .await;
     let r = gw.post("/v1/chat/completions", &chat(8, true)).await;
-    assert_eq!(r.status, 200);
-    assert!(r.text().contains("error"), "{}", r.text());
+    assert!(
+        (r.status == 200 && r.text().contains("error")) || r.status >= 500,
+        "{} {}",
+        r.status,
+        r.text()
+    );
+    d.reset().await;
     // 5. The client left mid-stream.
     drop(occupy(&gw).await);
     // The window of one is free again: requests go through without waiting.
