@@ -102,14 +102,15 @@ catalogue! {
     /// `/generate` without a model where one is required.
     MissingModel = "missing_model", 400;
     /// The body exceeds the configured maximum size.
-    PayloadTooLarge = "payload_too_large", 413;
+    /// SMG 1.13.0's code.
+    PayloadTooLarge = "request_body_too_large", 413;
     /// A path no route serves (SMG 1.13.0's code and message: `Invalid URL (GET /x)`).
     UnknownUrl = "unknown_url", 404;
     MethodNotAllowed = "method_not_allowed", 405;
     /// A route the PD router does not serve (embeddings, classify).
     NotImplemented = "not_implemented", 501;
-    /// Admin API without valid credentials.
-    Unauthorized = "unauthorized", 401;
+    /// A route that needs the API key, without it (SMG 1.13.0's code).
+    Unauthorized = "invalid_api_key", 401;
     /// A mutating admin call from a peer that is not trusted (no API key configured).
     Forbidden = "forbidden", 403;
     /// The client did not send its body in time.
@@ -296,18 +297,29 @@ pub fn reason_phrase(status: u16) -> &'static str {
 }
 
 /// The gateway error body:
-/// `{"error":{"type":"<reason phrase>","code":"<code>","message":"<msg>","param":null}}`.
+/// `{"error":{"type":"<error type>","code":"<code>","message":"<msg>","param":null}}`.
 pub fn render_error(status: u16, code: &str, message: &str) -> Vec<u8> {
-    let phrase = reason_phrase(status);
-    let mut out = Vec::with_capacity(64 + phrase.len() + code.len() + message.len());
+    let kind = error_type(status);
+    let mut out = Vec::with_capacity(64 + kind.len() + code.len() + message.len());
     out.extend_from_slice(b"{\"error\":{\"type\":");
-    json::push_string(&mut out, phrase);
+    json::push_string(&mut out, kind);
     out.extend_from_slice(b",\"code\":");
     json::push_string(&mut out, code);
     out.extend_from_slice(b",\"message\":");
     json::push_string(&mut out, message);
     out.extend_from_slice(b",\"param\":null}}");
     out
+}
+
+/// The error body's `type`, OpenAI's kinds as SMG 1.13.0 writes them: `invalid_request_error`
+/// for a 4xx, `server_error` otherwise. (SMG's earlier releases, and the research digest's
+/// snapshot, wrote the status's reason phrase.)
+pub fn error_type(status: u16) -> &'static str {
+    if (400..500).contains(&status) {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    }
 }
 
 /// The worker admin API's error body: `{"error":"<msg>","code":"<code>"}`.
@@ -493,7 +505,7 @@ mod tests {
             (HealthGenerateFailed, "health_generate_failed", 503),
             (NoHealthyWorkerPair, "no_healthy_worker_pair", 503),
             (JsonParseError, "json_parse_error", 400),
-            (PayloadTooLarge, "payload_too_large", 413),
+            (PayloadTooLarge, "request_body_too_large", 413),
             (InvalidRequestParameters, "invalid_request_parameters", 400),
             (MultimodalNotSupported, "multimodal_not_supported", 400),
             (FeatureNotSupported, "feature_not_supported", 400),
@@ -582,7 +594,7 @@ mod tests {
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             v,
-            json!({"error":{"type":"Service Unavailable","code":"no_available_workers",
+            json!({"error":{"type":"server_error","code":"no_available_workers",
                 "message":"no \"decode\"\nworkers","param":null}})
         );
     }

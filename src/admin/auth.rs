@@ -34,6 +34,19 @@ pub fn has_api_key(settings: &Settings, session: &Session) -> bool {
         })
 }
 
+/// Why a request was refused for its key, in SMG 1.13.0's words: none sent, or a wrong one.
+pub fn key_refusal(session: &Session) -> &'static str {
+    if session
+        .req_header()
+        .headers
+        .contains_key(http::header::AUTHORIZATION)
+    {
+        "Invalid API key"
+    } else {
+        "Missing API key: send it as `Authorization: Bearer <key>`"
+    }
+}
+
 /// May this request change the gateway's configuration?
 /// With a key: the key. Without: only peers inside `admin_trusted` (default: loopback).
 pub fn may_mutate(settings: &Settings, session: &Session) -> bool {

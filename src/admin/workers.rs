@@ -30,7 +30,7 @@ pub async fn handle(gw: &Arc<Gateway>, session: &mut Session, endpoint: &Endpoin
     if mutating && !auth::may_mutate(&gw.settings(), session) {
         session.set_keepalive(None);
         return if gw.settings().api_key.is_some() {
-            admin_error(ErrorCode::Unauthorized, "missing or invalid API key")
+            admin_error(ErrorCode::Unauthorized, auth::key_refusal(session))
         } else {
             admin_error(
                 ErrorCode::Forbidden,

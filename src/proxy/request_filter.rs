@@ -158,7 +158,7 @@ async fn serve(
         reply::send(
             session,
             ctx,
-            Reply::error(ErrorCode::Unauthorized, "missing or invalid API key")
+            Reply::error(ErrorCode::Unauthorized, admin::auth::key_refusal(session))
                 .with_header("www-authenticate", "Bearer"),
         )
         .await?;

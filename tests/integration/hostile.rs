@@ -502,7 +502,7 @@ async fn oversized_bodies_get_413_before_any_engine() {
     let big = format!(r#"{{"text":"{}"}}"#, "a".repeat(70 * 1024));
     let r = post_raw(&gw, "/generate", big.as_bytes()).await;
     assert_eq!(r.status, 413, "{}", r.text());
-    assert_eq!(error_code(&r), "payload_too_large");
+    assert_eq!(error_code(&r), "request_body_too_large");
 
     let head = "POST /generate HTTP/1.1\r\nHost: gw\r\nContent-Length: 99999999999\r\n\r\n";
     let reply = raw(&gw, head).await;

@@ -14,7 +14,7 @@ use crate::harness::{
 };
 
 /// The catalogue's 400 body for a field of the wrong shape, checked whole: exactly
-/// `{"error":{"type":"Bad Request","code":"invalid_request","message":"field `<field>` must be
+/// `{"error":{"type":"invalid_request_error","code":"invalid_request","message":"field `<field>` must be
 /// …","param":null}}`, with the code in `X-SMG-Error-Code` too.
 fn assert_refused_naming(r: &mock_engine::client::Response, field: &str, case: &str) {
     assert_eq!(r.status, 400, "{case}: {}", r.text());
@@ -32,7 +32,7 @@ fn assert_refused_naming(r: &mock_engine::client::Response, field: &str, case: &
     );
     assert_eq!(
         body,
-        json!({"error": {"type": "Bad Request", "code": "invalid_request",
+        json!({"error": {"type": "invalid_request_error", "code": "invalid_request",
             "message": message, "param": null}}),
         "{case}"
     );

@@ -442,7 +442,7 @@ async fn prompts_of_1mib_and_8mib_work_and_over_the_cap_is_413() {
     let too_big = json!({"text": "x".repeat(11 << 20)});
     let r = gw.post("/generate", &too_big).await;
     assert_eq!(r.status, 413, "{}", r.text());
-    assert_eq!(r.json()["error"]["code"], "payload_too_large");
+    assert_eq!(r.json()["error"]["code"], "request_body_too_large");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

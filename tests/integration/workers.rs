@@ -249,7 +249,11 @@ async fn with_an_api_key_serving_and_worker_routes_need_it() {
     let body = json!({"text": "x", "sampling_params": {"max_new_tokens": 2}});
     let r = gw.post("/generate", &body).await;
     assert_eq!(r.status, 401);
-    assert_eq!(r.json()["error"]["code"], "unauthorized");
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        r.json()["error"]["message"],
+        "Missing API key: send it as `Authorization: Bearer <key>`"
+    );
     let r = post_json_from(
         &gw,
         None,
@@ -259,6 +263,7 @@ async fn with_an_api_key_serving_and_worker_routes_need_it() {
     )
     .await;
     assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["message"], "Invalid API key");
     assert!(
         p.records().is_empty() && d.records().is_empty(),
         "an unauthenticated request was forwarded"
