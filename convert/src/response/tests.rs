@@ -635,7 +635,7 @@ fn failed(route: Route, stream: bool) -> String {
 
 #[test]
 fn openai_style_streams_fail_with_the_catalogue_body_then_done() {
-    let body = r#"{"error":{"type":"Internal Server Error","code":"internal_error","message":"decode \"leg\" failed","param":null}}"#;
+    let body = r#"{"error":{"type":"server_error","code":"internal_error","message":"decode \"leg\" failed","param":null}}"#;
     for route in [Route::ChatCompletions, Route::Completions, Route::Generate] {
         assert_eq!(
             failed(route, true),
