@@ -47,6 +47,12 @@ pub fn key_refusal(session: &Session) -> &'static str {
     }
 }
 
+/// The refusal of an admin call from a peer outside `admin_trusted` while no API key is set
+/// (403 `forbidden`); `what` names the call (`reload is accepted`).
+pub fn only_trusted(what: &str) -> String {
+    format!("{what} only from trusted (loopback) peers when no api_key is configured")
+}
+
 /// May this request change the gateway's configuration?
 /// With a key: the key. Without: only peers inside `admin_trusted` (default: loopback).
 pub fn may_mutate(settings: &Settings, session: &Session) -> bool {

@@ -74,7 +74,7 @@ pub async fn proxy_info(
     )
     .await
     {
-        Ok(a) if (200..300).contains(&a.status) => {
+        Ok(a) if a.is_success() => {
             let reply = Reply::body(200, "", a.body);
             match a.content_type {
                 Some(ct) => reply.with_header_value(http::header::CONTENT_TYPE, ct),
@@ -143,7 +143,7 @@ pub async fn flush_cache(gw: &Gateway) -> Reply {
                 )
                 .await
                 {
-                    Ok(a) if (200..300).contains(&a.status) => Ok(()),
+                    Ok(a) if a.is_success() => Ok(()),
                     Ok(a) => Err(format!(
                         "flush_cache returned {}: {}",
                         a.status,

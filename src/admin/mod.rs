@@ -117,7 +117,7 @@ pub async fn reload(gw: &std::sync::Arc<Gateway>, session: &mut pingora::proxy::
         session.set_keepalive(None);
         return Reply::error(
             ErrorCode::Forbidden,
-            "reload is accepted only from trusted (loopback) peers when no api_key is configured",
+            auth::only_trusted("reload is accepted"),
         );
     }
     match crate::reload::reload(gw).await {

@@ -29,14 +29,12 @@ pub async fn handle(gw: &Arc<Gateway>, session: &mut Session, endpoint: &Endpoin
     let mutating = method != http::Method::GET && method != http::Method::HEAD;
     if mutating && !auth::may_mutate(&gw.settings(), session) {
         session.set_keepalive(None);
-        return if gw.settings().api_key.is_some() {
-            admin_error(ErrorCode::Unauthorized, auth::key_refusal(session))
-        } else {
-            admin_error(
-                ErrorCode::Forbidden,
-                "worker changes are accepted only from trusted (loopback) peers when no api_key is configured",
-            )
-        };
+        // With an API key set, a request without it was refused before it got here
+        // (`Endpoint::needs_api_key`): what is left is an untrusted peer and no key.
+        return admin_error(
+            ErrorCode::Forbidden,
+            &auth::only_trusted("worker changes are accepted"),
+        );
     }
     match (endpoint, method) {
         (Endpoint::Workers, http::Method::GET) => {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use http::{HeaderName, HeaderValue};
+use http::HeaderName;
 use pdgate_filters::errors::ErrorCode;
 use pdgate_filters::{classify, scan_object, Route};
 use pingora::proxy::Session;
@@ -184,12 +184,15 @@ async fn serve(
             Ok(true)
         }
         Endpoint::ServerInfo | Endpoint::ModelInfo => {
+            // `/get_model_info` carries the client's headers, as SMG's; the ones the legs
+            // forward (its key, request id, trace context), not its cookies.
             let (path, forwarded) = if endpoint == Endpoint::ModelInfo {
-                ("/get_model_info", forwardable_headers(session))
+                let h = ForwardHeaders::from_client(session.req_header(), &ctx.request_id);
+                ("/get_model_info", h)
             } else {
-                ("/get_server_info", Vec::new())
+                ("/get_server_info", ForwardHeaders::default())
             };
-            let reply = Box::pin(admin::engines::proxy_info(gw, path, &forwarded)).await;
+            let reply = Box::pin(admin::engines::proxy_info(gw, path, forwarded.as_slice())).await;
             reply::send(session, ctx, reply).await?;
             Ok(true)
         }
@@ -198,7 +201,7 @@ async fn serve(
             let reply = if !admin::auth::may_mutate(&gw.settings_now(), session) {
                 Reply::error(
                     ErrorCode::Forbidden,
-                    "flush_cache is accepted only from trusted (loopback) peers when no api_key is configured",
+                    admin::auth::only_trusted("flush_cache is accepted"),
                 )
             } else {
                 Box::pin(admin::engines::flush_cache(gw)).await
@@ -228,7 +231,7 @@ async fn serve(
             let reply = if !admin::auth::may_mutate(&gw.settings_now(), session) {
                 Reply::error(
                     ErrorCode::Forbidden,
-                    "debug endpoints are served only to trusted (loopback) peers when no api_key is configured",
+                    admin::auth::only_trusted("debug endpoints are served"),
                 )
             } else if endpoint == Endpoint::DebugCapacity {
                 Reply::json(200, gw.capacity.to_json().to_string())
@@ -270,30 +273,6 @@ fn has_conflicting_framing(session: &Session) -> bool {
     h1.get_headers_raw_bytes()
         .split(|b| *b == b'\n')
         .any(|line| line.len() >= NAME.len() && line[..NAME.len()].eq_ignore_ascii_case(NAME))
-}
-
-/// The client's headers SMG copies onto a proxied `/get_model_info`: all but the connection's
-/// own (hop-by-hop, host, framing) and a body's type.
-fn forwardable_headers(session: &Session) -> Vec<(HeaderName, HeaderValue)> {
-    use http::header;
-    const NOT_FORWARDED: [HeaderName; 9] = [
-        header::HOST,
-        header::CONNECTION,
-        header::CONTENT_LENGTH,
-        header::CONTENT_TYPE,
-        header::TRANSFER_ENCODING,
-        header::TE,
-        header::TRAILER,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-    ];
-    session
-        .req_header()
-        .headers
-        .iter()
-        .filter(|(n, _)| !NOT_FORWARDED.contains(n) && n.as_str() != "keep-alive")
-        .map(|(n, v)| (n.clone(), v.clone()))
-        .collect()
 }
 
 /// A refusal sent without reading the request body: the unread bytes make the connection

@@ -157,7 +157,7 @@ pub async fn worker_get(
     let answer = worker_call(client, w, "GET", path, &[], timeout)
         .await
         .ok()?;
-    Some(((200..300).contains(&answer.status), answer.body))
+    Some((answer.is_success(), answer.body))
 }
 
 /// What a worker answered to [`worker_call`].
@@ -165,6 +165,12 @@ pub struct WorkerAnswer {
     pub status: u16,
     pub content_type: Option<http::HeaderValue>,
     pub body: Bytes,
+}
+
+impl WorkerAnswer {
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
 }
 
 /// One control-plane request to a worker with an empty body: `headers` (the caller's), and the

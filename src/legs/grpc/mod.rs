@@ -41,7 +41,6 @@ use crate::gateway::{Gateway, Settings};
 use crate::ledger::Handoff;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
-use crate::proxy::routes::Endpoint;
 use crate::reply::Reply;
 use crate::workers::admission::{self, NotAdmitted};
 use crate::workers::select::Pair;
@@ -252,6 +251,7 @@ pub async fn relay_open_decode(
     dispatched: Instant,
 ) -> Attempt {
     let s = legs.settings;
+    let vllm = Engine::of(legs.pair.decode.runtime()) == Some(Engine::Vllm);
     let plan = relay::RelayPlan {
         prepared: p,
         streaming: p.gen.stream,
@@ -260,12 +260,9 @@ pub async fn relay_open_decode(
         stall_timeout: s.stream_idle_timeout,
         deadline: ctx.started + s.request_timeout,
         labels: legs.labels(),
-        pd_ttft: p.gen.stream && Engine::of(legs.pair.decode.runtime()) != Some(Engine::Vllm),
-        endpoint: match &ctx.endpoint {
-            Some(Endpoint::Pd(route)) => route.metric_endpoint(),
-            _ => "unknown",
-        },
-        read_cache_report: Engine::of(legs.pair.decode.runtime()) == Some(Engine::Vllm),
+        pd_ttft: p.gen.stream && !vllm,
+        endpoint: legs.req.route.metric_endpoint(),
+        read_cache_report: vllm,
     };
     relay::relay(session, ctx, decode, plan).await
 }
