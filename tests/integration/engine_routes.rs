@@ -31,11 +31,11 @@ async fn the_engine_routes_answer_from_the_registered_workers() {
         assert_eq!(r.status, 200, "{path}: {}", r.text());
         let direct = engine_get(&format!("{}{path}", fleet.prefill.api_url())).await;
         assert_eq!(r.json(), direct, "{path}");
-        assert_eq!(
-            direct["disaggregation_mode"].as_str().unwrap_or("prefill"),
-            "prefill"
-        );
     }
+    // And it is the prefill's, not the decode's (their model info is the same).
+    let info = gw.get("/get_server_info").await.json();
+    assert_eq!(info["disaggregation_mode"], "prefill", "{info}");
+    assert_eq!(info["port"], json!(fleet.prefill.port()), "{info}");
 
     let r = gw.post("/flush_cache", &json!({})).await;
     assert_eq!(r.status, 200, "{}", r.text());
