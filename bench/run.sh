@@ -41,7 +41,9 @@
 # Floor (FLOOR, default 1; 0 skips it): in the canned-fast sweep, `pdgate-bench floor-proxy` runs as
 # one more target on the gateways' engines — the least a PD gateway can do per request (splice the
 # bootstrap fields, both legs at once, the decode's answer back in one write; bench/src/floor.rs) —
-# and results/ratio.md gets its column: what the wire alone costs on this machine in this run.
+# and results/ratio.md gets its column: what the wire alone costs on this machine in this run;
+# `floor-proxy --pingora` (target `pingora-floor`) is the same inside Pingora's ProxyHttp: what a
+# gateway on Pingora cannot go below (bench/src/floor_pingora.rs).
 #
 # Modes: canned, modeled (HTTP engines); grpc-canned, grpc-modeled: the same HTTP engines and
 # pdgate on them (target `pdgate-http`, and PEER_CMD's peer), plus two gRPC SGLang mocks with
@@ -167,11 +169,13 @@ start_grpc_mock() {
 
 # start_floor NAME PORT PREFILL_PORT BOOTSTRAP DECODE_PORT: `pdgate-bench floor-proxy`, the least a
 # PD gateway can do per request (bench/src/floor.rs), on the gateways' engines; sets FLOOR_PID.
+# With a sixth argument (`--pingora`), the same floor inside Pingora's ProxyHttp
+# (bench/src/floor_pingora.rs).
 start_floor() {
   local name=$1 port=$2
   port_free "$port" || die "port $port is busy (set PORT_BASE)"
   "$BIN/pdgate-bench" floor-proxy --listen "127.0.0.1:$port" --prefill "127.0.0.1:$3" \
-    --bootstrap-port "$4" --decode "127.0.0.1:$5" --threads 2 >"$OUT/logs/$name.log" 2>&1 &
+    --bootstrap-port "$4" --decode "127.0.0.1:$5" --threads 2 ${6:-} >"$OUT/logs/$name.log" 2>&1 &
   FLOOR_PID=$!
   PIDS+=("$FLOOR_PID")
   wait_http "http://127.0.0.1:$port/v1/chat/completions" \
@@ -308,6 +312,8 @@ for mode in $MODES; do
   if [[ $mode == canned-fast && $FLOOR == 1 ]]; then
     start_floor "$mode-floor" $((base + 18)) $((base + 2)) $((base + 4)) $((base + 3))
     gateways+=("floor=$http:$((base + 18)),pid=$FLOOR_PID")
+    start_floor "$mode-pingora-floor" $((base + 19)) $((base + 2)) $((base + 4)) $((base + 3)) --pingora
+    gateways+=("pingora-floor=$http:$((base + 19)),pid=$FLOOR_PID")
   fi
   peer=
   if [[ -n $PEER_CMD ]]; then peer=$PEER_NAME; elif [[ -n $first_alt ]]; then peer=$first_alt; fi
@@ -397,7 +403,7 @@ echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/env.txt"
 if [[ -f $OUT/sweep-canned-fast.jsonl ]]; then
   ratio_roles=(--subject pdgate)
   [[ -z $PEER_CMD ]] || ratio_roles+=(--peer "$PEER_NAME")
-  [[ $FLOOR != 1 ]] || ratio_roles+=(--floor floor)
+  [[ $FLOOR != 1 ]] || ratio_roles+=(--floor floor --pingora-floor pingora-floor)
   {
     echo "# Gateway cost on near-zero-cost engines (canned-fast)"
     echo

@@ -47,7 +47,7 @@ fn next_room() -> u64 {
 
 /// The client's body with the bootstrap fields spliced in after its opening brace (a body that
 /// is not an object goes as it is): what both engines get.
-fn leg_body(body: &[u8], bootstrap_port: u16) -> Vec<u8> {
+pub(crate) fn leg_body(body: &[u8], bootstrap_port: u16) -> Vec<u8> {
     let Some(i) = body.iter().position(|b| !b.is_ascii_whitespace()) else {
         return body.to_vec();
     };
@@ -71,7 +71,7 @@ fn leg_body(body: &[u8], bootstrap_port: u16) -> Vec<u8> {
 }
 
 /// One request to an engine, head and body in one buffer (one write).
-fn request(method: &str, path: &str, host: &str, body: &[u8]) -> Vec<u8> {
+pub(crate) fn request(method: &str, path: &str, host: &str, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + path.len() + host.len() + 96);
     for part in [method, " ", path, " HTTP/1.1\r\nhost: ", host] {
         out.extend_from_slice(part.as_bytes());
@@ -114,14 +114,15 @@ fn response_len(buf: &[u8]) -> io::Result<Option<usize>> {
 }
 
 /// A keep-alive connection to one engine, opened on first use.
-struct Upstream {
+pub(crate) struct Upstream {
     addr: SocketAddr,
     sock: Option<TcpStream>,
-    buf: Vec<u8>,
+    /// The last whole response read.
+    pub(crate) buf: Vec<u8>,
 }
 
 impl Upstream {
-    fn new(addr: SocketAddr) -> Upstream {
+    pub(crate) fn new(addr: SocketAddr) -> Upstream {
         Upstream {
             addr,
             sock: None,
@@ -130,7 +131,7 @@ impl Upstream {
     }
 
     /// Writes `req` and reads one whole response into `self.buf`.
-    async fn exchange(&mut self, req: &[u8]) -> io::Result<()> {
+    pub(crate) async fn exchange(&mut self, req: &[u8]) -> io::Result<()> {
         if self.sock.is_none() {
             let s = TcpStream::connect(self.addr).await?;
             s.set_nodelay(true)?;

@@ -13,12 +13,15 @@
 //!   CPU per request), so the gateways' share is what the engines' CPU no longer hides;
 //! * `floor-proxy` — the least a PD gateway can do per request (splice, both legs, relay the
 //!   decode's answer): what the wire alone costs on the machine, beside pdgate.
+//!   `--pingora` serves the same inside Pingora's `ProxyHttp` (Pingora's own share).
 //!
 //! Loopback only, every run bounded in seconds. See bench/README.md.
 
 mod canned;
 mod control;
 mod floor;
+#[cfg(feature = "policy")]
+mod floor_pingora;
 mod hold;
 mod http1;
 mod load;
@@ -96,6 +99,10 @@ struct FloorProxyArgs {
     /// Worker threads (pdgate's benches run `threads: 2`).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Serve it through Pingora's `ProxyHttp` (its HTTP/1 session reads the request and writes
+    /// the answer): what Pingora itself costs (needs `--features policy`).
+    #[arg(long)]
+    pingora: bool,
 }
 
 #[derive(Args)]
@@ -164,6 +171,9 @@ struct RoleArgs {
     /// The `floor-proxy` target, when there is one (`table ratio` gives it a column).
     #[arg(long)]
     floor: Option<String>,
+    /// The `floor-proxy --pingora` target, when there is one (a column too).
+    #[arg(long)]
+    pingora_floor: Option<String>,
 }
 
 impl RoleArgs {
@@ -173,6 +183,7 @@ impl RoleArgs {
             baseline: Some(self.baseline.as_str()),
             peer: self.peer.as_deref(),
             floor: self.floor.as_deref(),
+            pingora_floor: self.pingora_floor.as_deref(),
         }
     }
 }
@@ -361,13 +372,7 @@ fn main() -> ExitCode {
             one_pass::run(a.prompt_bytes, a.iters);
             Ok(())
         }
-        Command::FloorProxy(a) => floor::run(floor::FloorSpec {
-            addr: a.listen,
-            prefill: a.prefill,
-            decode: a.decode,
-            bootstrap_port: a.bootstrap_port,
-            threads: a.threads,
-        }),
+        Command::FloorProxy(a) => floor_proxy(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -592,6 +597,23 @@ fn model_dir(dir: &std::path::Path) -> Result<(Vec<u32>, u32), String> {
         return Err("the fixture model has no whole word pieces".into());
     }
     Ok((ids, fixture::IM_END_ID))
+}
+
+fn floor_proxy(a: FloorProxyArgs) -> Result<(), String> {
+    let spec = floor::FloorSpec {
+        addr: a.listen,
+        prefill: a.prefill,
+        decode: a.decode,
+        bootstrap_port: a.bootstrap_port,
+        threads: a.threads,
+    };
+    if !a.pingora {
+        return floor::run(spec);
+    }
+    #[cfg(feature = "policy")]
+    return floor_pingora::run(spec);
+    #[cfg(not(feature = "policy"))]
+    Err("built without Pingora: cargo build --release -p pdgate-bench --features policy".into())
 }
 
 #[cfg(feature = "policy")]

@@ -15,6 +15,9 @@ pub struct Roles<'a> {
     pub peer: Option<&'a str>,
     /// The least a PD gateway can do on the same engines (`floor-proxy`), when it ran.
     pub floor: Option<&'a str>,
+    /// The same floor inside Pingora's `ProxyHttp` (`floor-proxy --pingora`), when it ran: the
+    /// least a gateway built on Pingora can do.
+    pub pingora_floor: Option<&'a str>,
 }
 
 /// A JSON field as a table cell (`–` when absent or null).
@@ -267,7 +270,7 @@ fn median_where(
 pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String {
     let (s, d) = (roles.subject, roles.baseline.unwrap_or("direct"));
     let p = roles.peer.unwrap_or("peer");
-    let floor = roles.floor;
+    let (floor, pfloor) = (roles.floor, roles.pingora_floor);
     let at = |stream: bool, c: u64| {
         move |o: &Value| {
             o.get("stream").and_then(Value::as_bool) == Some(stream)
@@ -281,36 +284,46 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
         .map(|t| m(t, "rps", false, 64).1)
         .max()
         .unwrap_or(0);
-    // Columns: label, direct, floor, peer, subject, subject ÷ peer, subject ÷ floor,
-    // subject − direct, floor − direct; the floor's three only when it ran.
-    const FLOOR_COLUMNS: [usize; 3] = [2, 6, 8];
-    let line = |cells: [String; 9]| {
+    // Columns: label, direct, floor, Pingora floor, peer, subject, subject ÷ peer,
+    // subject ÷ floor, subject ÷ Pingora floor, subject − direct, floor − direct; a floor's
+    // columns only when it ran.
+    const FLOOR_COLUMNS: [usize; 3] = [2, 7, 10];
+    const PINGORA_FLOOR_COLUMNS: [usize; 2] = [3, 8];
+    let shown = |i: &usize| {
+        (floor.is_some() || !FLOOR_COLUMNS.contains(i))
+            && (pfloor.is_some() || !PINGORA_FLOOR_COLUMNS.contains(i))
+    };
+    let line = |cells: [String; 11]| {
         let kept: Vec<String> = cells
             .into_iter()
             .enumerate()
-            .filter(|(i, _)| floor.is_some() || !FLOOR_COLUMNS.contains(i))
+            .filter(|(i, _)| shown(i))
             .map(|(_, c)| c)
             .collect();
         format!("| {} |\n", kept.join(" | "))
     };
     let f = floor.unwrap_or("floor");
+    let pf = pfloor.unwrap_or("pingora-floor");
     let mut out = line([
         format!("1 KB chat, {rounds} round(s), medians"),
         d.into(),
         f.into(),
+        pf.into(),
         p.into(),
         s.into(),
         format!("{s} ÷ {p}"),
         format!("{s} ÷ {f}"),
+        format!("{s} ÷ {pf}"),
         format!("{s} − {d}"),
         format!("{f} − {d}"),
     ]);
-    let columns = if floor.is_some() { 8 } else { 5 };
+    let columns = (1..11).filter(shown).count();
     out.push_str(&format!("|---|{}\n", "---:|".repeat(columns)));
-    // One row: the targets' values (direct, floor, peer, subject), the subject's ratios to the
-    // peer and the floor, and (for latencies) the subject's and the floor's excess over direct.
-    let mut row = |label: &str, vals: [Option<f64>; 4], digits: usize, excess_us: bool| {
-        let [direct, fl, peer, subject] = vals;
+    // One row: the targets' values (direct, floor, Pingora floor, peer, subject), the subject's
+    // ratios to the peer and the floors, and (for latencies) the subject's and the floor's
+    // excess over direct.
+    let mut row = |label: &str, vals: [Option<f64>; 5], digits: usize, excess_us: bool| {
+        let [direct, fl, pfl, peer, subject] = vals;
         let excess = |v: Option<f64>| {
             let x = if excess_us {
                 v.zip(direct).map(|(a, b)| (a - b) * 1000.0)
@@ -323,10 +336,12 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
             label.into(),
             fmt(direct, digits),
             fmt(fl, digits),
+            fmt(pfl, digits),
             fmt(peer, digits),
             fmt(subject, digits),
             fmt(ratio(subject, peer), 2),
             fmt(ratio(subject, fl), 2),
+            fmt(ratio(subject, pfl), 2),
             excess(subject),
             excess(fl),
         ]));
@@ -337,6 +352,7 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
         [
             m(d, key, stream, c).0,
             of(floor, key, stream, c),
+            of(pfloor, key, stream, c),
             m(p, key, stream, c).0,
             m(s, key, stream, c).0,
         ]
@@ -397,6 +413,7 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
             [
                 None,
                 None,
+                None,
                 hold(p, "rss_per_stream_kb"),
                 hold(s, "rss_per_stream_kb"),
             ],
@@ -405,7 +422,13 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
         );
         row(
             "idle RSS MB (before the streams)",
-            [None, None, hold(p, "rss_idle_mb"), hold(s, "rss_idle_mb")],
+            [
+                None,
+                None,
+                None,
+                hold(p, "rss_idle_mb"),
+                hold(s, "rss_idle_mb"),
+            ],
             1,
             false,
         );
@@ -450,6 +473,7 @@ mod tests {
                 baseline: Some("direct"),
                 peer: Some("old"),
                 floor: None,
+                pingora_floor: None,
             },
         );
         let lines: Vec<&str> = t.lines().collect();
@@ -492,6 +516,7 @@ mod tests {
             baseline: Some("direct"),
             peer: Some("smg"),
             floor: None,
+            pingora_floor: None,
         };
         let t = ratio_table(&rows, &holds, &roles);
         let line = |start: &str| {
@@ -538,6 +563,7 @@ mod tests {
             baseline: Some("direct"),
             peer: Some("smg"),
             floor: Some("floor"),
+            pingora_floor: None,
         };
         let t = ratio_table(&rows, &[], &roles);
         let line = |start: &str| {
@@ -553,6 +579,41 @@ mod tests {
         assert_eq!(
             line("| p50 ms, c=1 "),
             "| p50 ms, c=1 | 0.040 | 0.070 | – | 0.110 | – | 1.57 | 70 µs | 30 µs |"
+        );
+    }
+
+    #[test]
+    fn ratio_table_gives_the_pingora_floor_a_column_and_a_ratio() {
+        let point = |t: &str, c: u64, rps: f64, p50: f64, cpu: Option<f64>| {
+            json!({"mode":"f/r1","stream":false,"prompt_bytes":1030,"concurrency":c,"target":t,
+                   "rps":rps,"p50_ms":p50,"gateway_cpu_us_per_req":cpu,"errors":0})
+        };
+        let rows = vec![
+            point("direct", 64, 100000.0, 0.6, None),
+            point("floor", 64, 40000.0, 1.5, Some(20.0)),
+            point("pfloor", 64, 35000.0, 1.7, Some(32.0)),
+            point("smg", 64, 10000.0, 6.0, Some(100.0)),
+            point("pdgate", 64, 30000.0, 2.0, Some(40.0)),
+        ];
+        let mut roles = Roles {
+            subject: "pdgate",
+            baseline: Some("direct"),
+            peer: Some("smg"),
+            floor: Some("floor"),
+            pingora_floor: Some("pfloor"),
+        };
+        let t = ratio_table(&rows, &[], &roles);
+        assert!(t.starts_with("| 1 KB chat, 1 round(s), medians | direct | floor | pfloor | smg | pdgate | pdgate ÷ smg | pdgate ÷ floor | pdgate ÷ pfloor | pdgate − direct | floor − direct |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"), "{t}");
+        assert!(
+            t.contains("| gateway CPU µs/request, c=64 | – | 20 | 32 | 100 | 40 | 0.40 | 2.00 | 1.25 | – | – |"),
+            "{t}"
+        );
+        // The Pingora floor alone, without the plain one.
+        roles.floor = None;
+        let t = ratio_table(&rows, &[], &roles);
+        assert!(
+            t.contains("| gateway CPU µs/request, c=64 | – | 32 | 100 | 40 | 0.40 | 1.25 | – |"),
+            "{t}"
         );
     }
 
@@ -574,6 +635,7 @@ mod tests {
                 baseline: Some("direct"),
                 peer: Some("smg"),
                 floor: None,
+                pingora_floor: None,
             },
         );
         let line = t.lines().find(|l| l.contains("**pdgate**")).unwrap();
