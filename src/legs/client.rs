@@ -139,7 +139,7 @@ impl LegClient {
     /// engine while idle) is retried once on a fresh connection; nothing else is retried here.
     pub async fn open(
         &self,
-        peer: &HttpPeer,
+        peer: &LegPeer,
         req: &LegRequest<'_>,
         head_timeout: Duration,
     ) -> Result<OpenLeg, LegError> {
@@ -161,7 +161,7 @@ impl LegClient {
     /// leg ends. If this future is dropped first, `trace` keeps the span (a cancelled leg).
     pub async fn open_traced(
         &self,
-        peer: &HttpPeer,
+        peer: &LegPeer,
         req: &LegRequest<'_>,
         head_timeout: Duration,
         trace: &mut LegTrace,
@@ -183,12 +183,12 @@ impl LegClient {
         }
     }
 
-    async fn connect(&self, peer: &HttpPeer) -> Result<(Stream, bool), LegError> {
-        if let Some(stream) = self.pool.take(peer.reuse_hash()) {
+    async fn connect(&self, peer: &LegPeer) -> Result<(Stream, bool), LegError> {
+        if let Some(stream) = self.pool.take(peer.key) {
             return Ok((stream, true));
         }
         self.transport
-            .new_stream(peer)
+            .new_stream(&peer.http)
             .await
             .map(|s| (s, false))
             .map_err(|e| LegError::new(LegErrorKind::Connect, e))
@@ -196,10 +196,34 @@ impl LegClient {
 
     /// Returns a finished leg's connection to the pool (only if its body was read to the end,
     /// nothing followed it, and the engine allows keep-alive; otherwise it is closed).
-    pub async fn release(&self, leg: OpenLeg, peer: &HttpPeer) {
+    pub async fn release(&self, leg: OpenLeg, peer: &LegPeer) {
         if leg.reusable() {
-            self.pool.put(peer.reuse_hash(), leg.stream);
+            self.pool.put(peer.key, leg.stream);
         }
+    }
+}
+
+/// An engine's address as the legs dial it, with its pool key worked out once: Pingora's
+/// `Peer::reuse_hash` runs SipHash over every field of the peer (address, scheme, SNI, TLS
+/// options, proxy), and a request takes and returns two connections.
+#[derive(Clone)]
+pub struct LegPeer {
+    http: HttpPeer,
+    key: u64,
+}
+
+impl LegPeer {
+    pub fn new(http: HttpPeer) -> LegPeer {
+        let key = http.reuse_hash();
+        LegPeer { http, key }
+    }
+}
+
+impl std::ops::Deref for LegPeer {
+    type Target = HttpPeer;
+
+    fn deref(&self) -> &HttpPeer {
+        &self.http
     }
 }
 
@@ -878,10 +902,14 @@ mod tests {
     }
 
     /// A scripted engine: answers one request with `first`, then `rest` once told to.
-    async fn engine(first: Vec<u8>, rest: Vec<u8>) -> (HttpPeer, tokio::sync::mpsc::Sender<()>) {
+    async fn engine(first: Vec<u8>, rest: Vec<u8>) -> (LegPeer, tokio::sync::mpsc::Sender<()>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let peer = HttpPeer::new(listener.local_addr().unwrap(), false, String::new());
+        let peer = LegPeer::new(HttpPeer::new(
+            listener.local_addr().unwrap(),
+            false,
+            String::new(),
+        ));
         let (go_tx, mut go_rx) = tokio::sync::mpsc::channel::<()>(1);
         tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.unwrap();

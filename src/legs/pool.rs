@@ -63,7 +63,7 @@ impl Pool {
             };
             // Checked (and dropped, closing it) outside the lock.
             let mut stream = idle.stream;
-            if !self.expired(idle.since) && still_idle(&mut stream) {
+            if !self.expired(idle.since, Instant::now()) && still_idle(&mut stream) {
                 return Some(stream);
             }
         }
@@ -77,10 +77,11 @@ impl Pool {
             let mut guard = self.idle.lock().unwrap_or_else(|e| e.into_inner());
             let parked = &mut *guard;
             let list = parked.by_peer.entry(key).or_default();
-            // The oldest sit at the front: drop the ones past the idle limit while here.
+            // The oldest sit at the front: drop the ones past the idle limit while here (one
+            // clock read for all of them).
             let keep_from = list
                 .iter()
-                .position(|i| !self.expired(i.since))
+                .position(|i| !self.expired(i.since, now))
                 .unwrap_or(list.len());
             stale.extend(list.drain(..keep_from));
             parked.count -= stale.len();
@@ -106,8 +107,9 @@ impl Pool {
         self.len() == 0
     }
 
-    fn expired(&self, since: Instant) -> bool {
-        self.max_idle.is_some_and(|m| since.elapsed() >= m)
+    fn expired(&self, since: Instant, now: Instant) -> bool {
+        self.max_idle
+            .is_some_and(|m| now.saturating_duration_since(since) >= m)
     }
 }
 
@@ -184,7 +186,10 @@ mod tests {
 
         let pool = Pool::new(8, Some(Duration::ZERO));
         let (a, _sa) = pair().await;
+        let (b, _sb) = pair().await;
         pool.put(1, a);
+        pool.put(1, b);
+        assert_eq!(pool.len(), 1, "parking one drops those past the idle limit");
         assert!(pool.take(1).is_none(), "past the idle limit");
     }
 }

@@ -14,7 +14,7 @@ use crate::gateway::Gateway;
 
 pub fn single_leg_peer(ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
     match &ctx.single_leg {
-        Some((w, _)) => Ok(Box::new(w.peer.clone())),
+        Some((w, _)) => Ok(Box::new(HttpPeer::clone(&w.peer))),
         None => Err(Error::explain(
             ErrorType::InternalError,
             "no upstream chosen for this route",

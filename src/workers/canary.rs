@@ -20,7 +20,7 @@ use pingora::services::background::BackgroundService;
 use pingora::upstreams::peer::HttpPeer;
 
 use crate::gateway::Gateway;
-use crate::legs::client::{LegClient, LegRequest};
+use crate::legs::client::{LegClient, LegPeer, LegRequest};
 use crate::metrics::METRICS;
 use crate::workers::select::is_available;
 
@@ -72,7 +72,7 @@ impl LinkCanaries {
         let Some(own) = own_address(&cfg.host, cfg.port) else {
             return;
         };
-        let peer = HttpPeer::new(own, false, String::new());
+        let peer = LegPeer::new(HttpPeer::new(own, false, String::new()));
         let authority = own.to_string();
         let snap = self.gw.registry.snapshot();
         let links: Vec<(String, String, Option<String>)> = snap
@@ -111,7 +111,7 @@ impl LinkCanaries {
     async fn send(
         &self,
         client: &LegClient,
-        peer: &HttpPeer,
+        peer: &LegPeer,
         authority: &str,
         prefill: &str,
         decode: &str,

@@ -26,6 +26,7 @@ use super::breaker::Breaker;
 use crate::config::{
     label, CircuitBreakerSettings, ConnectionMode, RuntimeType, WorkerSpec, WorkerType,
 };
+use crate::legs::client::LegPeer;
 use crate::legs::grpc::LegChannel;
 use crate::metrics::METRICS;
 use crate::policy::EngineLoad;
@@ -262,7 +263,7 @@ pub struct Worker {
     /// The engine's KV engine id as last read (starts as discovered; a gRPC vLLM prefill's is
     /// re-read when it recovers, since a restarted vLLM without a pinned id gets a new one).
     live_engine_id: ArcSwapOption<String>,
-    pub peer: HttpPeer,
+    pub peer: LegPeer,
     /// TCP connect deadline of this worker's connections (HTTP peer and gRPC channels).
     connect_timeout: Duration,
     /// The data plane's gRPC channel, created on first use (see [`Worker::grpc_channel`]);
@@ -375,7 +376,7 @@ impl Worker {
             declared_models,
             facts: OnceLock::new(),
             live_engine_id: ArcSwapOption::empty(),
-            peer,
+            peer: LegPeer::new(peer),
             connect_timeout: defaults.connect_timeout,
             channel: Arc::default(),
             admission: OnceLock::new(),
