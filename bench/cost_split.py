@@ -23,6 +23,21 @@ def load(path, rps, freq, secs):
     return per_request
 
 
+# Symbol patterns, first match wins (checked after the kernel, malloc, libc and the clock).
+SYMBOL_LAYERS = [
+    (r"^<?pdgate::", "pdgate"),
+    (r"pingora", "Pingora"),
+    (r"tokio", "tokio"),
+    (r"pdgate_filters", "pdgate-filters (JSON scan, splice)"),
+    (r"pdgate_bench", "the floors' own code"),
+    (r"pdgate", "pdgate"),
+    (r"\bhttp::|httparse", "http, httparse (heads)"),
+    (r"serde_json", "serde_json"),
+    (r"prometheus", "prometheus"),
+    (r"^<?(core|alloc|std)::", "core, std (inlined futures' polls)"),
+]
+
+
 def category(key):
     kind, where, sym = key
     if kind == "k":
@@ -33,26 +48,9 @@ def category(key):
         return "memcpy, memcmp, libc" if "mem" in sym else "libc, other"
     if "vdso" in where:
         return "clock (vdso)"
-    if re.match(r"<?pdgate::", sym):
-        return "pdgate"
-    if "pingora" in sym:
-        return "Pingora"
-    if "tokio" in sym:
-        return "tokio"
-    if "pdgate_filters" in sym:
-        return "pdgate-filters (JSON scan, splice)"
-    if "pdgate_bench" in sym:
-        return "the floors' own code"
-    if "pdgate" in sym:
-        return "pdgate"
-    if re.search(r"\bhttp::|httparse", sym):
-        return "http, httparse (heads)"
-    if "serde_json" in sym:
-        return "serde_json"
-    if "prometheus" in sym:
-        return "prometheus"
-    if re.search(r"^(<)?(core|alloc|std)::", sym):
-        return "core, std (inlined futures' polls)"
+    for pattern, layer in SYMBOL_LAYERS:
+        if re.search(pattern, sym):
+            return layer
     return "other crates"
 
 

@@ -543,12 +543,14 @@ mod tests {
         );
     }
 
+    /// One non-streamed 1 KB point of a round, as the ratio table reads it.
+    fn point(t: &str, c: u64, rps: f64, p50: f64, cpu: Option<f64>) -> Value {
+        json!({"mode":"f/r1","stream":false,"prompt_bytes":1030,"concurrency":c,"target":t,
+               "rps":rps,"p50_ms":p50,"gateway_cpu_us_per_req":cpu,"errors":0})
+    }
+
     #[test]
     fn ratio_table_gives_the_floor_a_column_with_its_ratio_and_excess() {
-        let point = |t: &str, c: u64, rps: f64, p50: f64, cpu: Option<f64>| {
-            json!({"mode":"f/r1","stream":false,"prompt_bytes":1030,"concurrency":c,"target":t,
-                   "rps":rps,"p50_ms":p50,"gateway_cpu_us_per_req":cpu,"errors":0})
-        };
         let rows = vec![
             point("direct", 64, 100000.0, 0.6, None),
             point("floor", 64, 40000.0, 1.5, Some(20.0)),
@@ -584,10 +586,6 @@ mod tests {
 
     #[test]
     fn ratio_table_gives_the_pingora_floor_a_column_and_a_ratio() {
-        let point = |t: &str, c: u64, rps: f64, p50: f64, cpu: Option<f64>| {
-            json!({"mode":"f/r1","stream":false,"prompt_bytes":1030,"concurrency":c,"target":t,
-                   "rps":rps,"p50_ms":p50,"gateway_cpu_us_per_req":cpu,"errors":0})
-        };
         let rows = vec![
             point("direct", 64, 100000.0, 0.6, None),
             point("floor", 64, 40000.0, 1.5, Some(20.0)),
