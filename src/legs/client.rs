@@ -187,8 +187,9 @@ impl LegClient {
         if let Some(stream) = self.pool.take(peer.key) {
             return Ok((stream, true));
         }
-        self.transport
-            .new_stream(&peer.http)
+        // Boxed: dialing is rare (a pooled connection serves most legs), and inline Pingora's
+        // connector future would size every leg's future by it.
+        Box::pin(self.transport.new_stream(&peer.http))
             .await
             .map(|s| (s, false))
             .map_err(|e| LegError::new(LegErrorKind::Connect, e))

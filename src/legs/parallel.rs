@@ -375,7 +375,8 @@ pub async fn open_sample(
                 Ok(leg) if !leg.is_success() => {
                     drop(prefill);
                     pair.decode.record_leg(Some(leg.status()));
-                    return Err(decode_refusal(leg, req.facts.stream).await);
+                    // Boxed: a rare path, which inline would size this future by a leg read.
+                    return Err(Box::pin(decode_refusal(leg, req.facts.stream)).await);
                 }
                 Ok(leg) => decode = Some(leg),
             },
