@@ -76,10 +76,12 @@ record() {
 record floor $((PORT_BASE + 10)) "$FLOOR"
 record pingora-floor $((PORT_BASE + 11)) "$PFLOOR"
 record pdgate $((PORT_BASE + 12)) "$GW_PID"
+# Read before the report is opened (truncated, it would make the tree look dirty).
+commit="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (dirty tree)')"
 {
   echo "# Where a request's CPU goes: floor, Pingora floor, pdgate (bench/cost-split.sh)"
   echo
-  echo "$(date -u +%FT%TZ) — commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (dirty tree)');" \
+  echo "$(date -u +%FT%TZ) — commit $commit;" \
     "c=$CONCURRENCY, non-streamed 1 KB chat, canned engines; perf -F $FREQ for ${SECONDS_REC} s each; load average $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
   python3 "$ROOT/bench/cost_split.py" "$FREQ" "$SECONDS_REC" "$DATA" floor pingora-floor pdgate
