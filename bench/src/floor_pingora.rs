@@ -19,6 +19,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use pdgate_filters::framing::{BodyDecoder, Framing};
 use pingora::http::ResponseHeader;
 use pingora::modules::http::HttpModules;
 use pingora::proxy::{http_proxy_service, ProxyHttp, Session};
@@ -90,20 +91,11 @@ fn answer(raw: &[u8]) -> Option<(u16, Option<Bytes>, Bytes)> {
     Some((status, content_type, body))
 }
 
-/// The data of a whole chunked body.
-fn dechunk(mut body: &[u8]) -> Option<Bytes> {
-    let mut out = BytesMut::with_capacity(body.len());
-    loop {
-        let line = body.windows(2).position(|w| w == b"\r\n")?;
-        let size = std::str::from_utf8(&body[..line]).ok()?;
-        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
-        body = &body[line + 2..];
-        if size == 0 {
-            return Some(out.freeze());
-        }
-        out.extend_from_slice(body.get(..size)?);
-        body = body.get(size + 2..)?;
-    }
+/// The data of a whole chunked body (the gateway's own decoder, as the load generator uses).
+fn dechunk(body: &[u8]) -> Option<Bytes> {
+    let mut decoder = BodyDecoder::new(Framing::Chunked);
+    let data = decoder.decode(&mut BytesMut::from(body)).ok()?;
+    decoder.is_done().then_some(data)
 }
 
 #[async_trait]

@@ -207,7 +207,6 @@ impl LegClient {
 /// An engine's address as the legs dial it, with its pool key worked out once: Pingora's
 /// `Peer::reuse_hash` runs SipHash over every field of the peer (address, scheme, SNI, TLS
 /// options, proxy), and a request takes and returns two connections.
-#[derive(Clone)]
 pub struct LegPeer {
     http: HttpPeer,
     key: u64,

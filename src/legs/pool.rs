@@ -63,7 +63,9 @@ impl Pool {
             };
             // Checked (and dropped, closing it) outside the lock.
             let mut stream = idle.stream;
-            if !self.expired(idle.since, Instant::now()) && still_idle(&mut stream) {
+            // No clock read without an idle limit.
+            let expired = self.max_idle.is_some() && self.expired(idle.since, Instant::now());
+            if !expired && still_idle(&mut stream) {
                 return Some(stream);
             }
         }
