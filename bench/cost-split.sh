@@ -9,10 +9,12 @@
 # Samples per request, like syscalls.sh's and allocs.sh's counts, move less with this VM's load
 # than a CPU-time A/B: the split says which layer a change must come from.
 #
-#   SKIP_BUILD=1 bench/cost-split.sh        # → bench/results/cost-split.md (~1 min once built)
+#   SKIP_BUILD=1 bench/cost-split.sh                    # → bench/results/cost-split.md (~1 min once built)
+#   SKIP_BUILD=1 PROMPT=262144 bench/cost-split.sh      # → bench/results/cost-split-262144.md
 #
 # Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), CONCURRENCY (64), SECONDS_REC (5),
-# FREQ (2999 Hz), PORT_BASE (24900), OUT (bench/results; cost-split.md, logs/ under it).
+# FREQ (2999 Hz), PROMPT (the chat body's bytes, 1024), PORT_BASE (24900), OUT (bench/results;
+# cost-split.md, or cost-split-$PROMPT.md for another size; logs/ under it).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,6 +25,9 @@ BIN=${BIN_DIR:-$CARGO_TARGET_DIR/release}
 CONCURRENCY=${CONCURRENCY:-64}
 SECONDS_REC=${SECONDS_REC:-5}
 FREQ=${FREQ:-2999}
+PROMPT=${PROMPT:-1024}
+REPORT=$OUT/cost-split.md
+[ "$PROMPT" = 1024 ] || REPORT=$OUT/cost-split-$PROMPT.md
 
 LOG_TAG=cost-split
 # shellcheck source=bench/lib.sh
@@ -64,7 +69,7 @@ record() {
   ) &
   local rec=$!
   "$BIN/pdgate-bench" --threads 1 sweep --target "$name=$http:$port" --concurrency "$CONCURRENCY" \
-    --prompt-bytes 1024 --stream off --duration $((SECONDS_REC + 2)) --warmup 0.5 \
+    --prompt-bytes "$PROMPT" --stream off --duration $((SECONDS_REC + 2)) --warmup 0.5 \
     --json "$DATA/$name.json" --markdown /dev/null >/dev/null 2>&1
   wait "$rec"
   python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["rps"])' \
@@ -82,9 +87,9 @@ commit="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet ||
   echo "# Where a request's CPU goes: floor, Pingora floor, pdgate (bench/cost-split.sh)"
   echo
   echo "$(date -u +%FT%TZ) — commit $commit;" \
-    "c=$CONCURRENCY, non-streamed 1 KB chat, canned engines; perf -F $FREQ for ${SECONDS_REC} s each; load average $(cut -d' ' -f1-3 /proc/loadavg)."
+    "c=$CONCURRENCY, non-streamed chat of $PROMPT bytes, canned engines; perf -F $FREQ for ${SECONDS_REC} s each; load average $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
   python3 "$ROOT/bench/cost_split.py" "$FREQ" "$SECONDS_REC" "$DATA" floor pingora-floor pdgate
-} >"$OUT/cost-split.md"
-log "wrote $OUT/cost-split.md"
-cat "$OUT/cost-split.md"
+} >"$REPORT"
+log "wrote $REPORT"
+cat "$REPORT"

@@ -540,6 +540,15 @@ proptest! {
         for e in top.entries() {
             prop_assert!(map.contains_key(e.key.as_str()));
             prop_assert_eq!(body.as_bytes()[e.key_start], b'"');
+            // The key written there is this entry's, and the value range is the value alone.
+            let written = serde_json::Deserializer::from_str(&body[e.key_start..])
+                .into_iter::<String>()
+                .next();
+            let written = written.and_then(Result::ok);
+            prop_assert_eq!(written.as_deref(), Some(e.key.as_str()));
+            let raw = &body.as_bytes()[e.value.clone()];
+            prop_assert_eq!(raw.trim_ascii(), raw);
+            prop_assert!(serde_json::from_slice::<Value>(raw).is_ok());
         }
     }
 
