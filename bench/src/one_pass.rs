@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::procstat::thread_cpu_ns;
 use crate::report::median;
-use crate::workload::chat_body;
+use crate::workload::{chat, chat_body, words};
 
 struct Timing {
     wall_us: Vec<f64>,
@@ -122,7 +122,7 @@ pub fn run(prompt: usize, iters: Option<u32>) {
         body.len(),
     );
     report(
-        "  of which `is_valid_json` (its validating pass)",
+        "  serde_json's validating walk alone (`is_valid_json`; the scan's fallback for a body its own walk refuses)",
         time(iters, || {
             black_box(is_valid_json(black_box(&body)));
         }),
@@ -172,6 +172,40 @@ pub fn run(prompt: usize, iters: Option<u32>) {
             black_box(serde_json::from_slice::<Value>(black_box(&body)).ok());
         }),
         body.len(),
+    );
+    // Prose as chat clients send it: a line break (`\n` in JSON) every ~60 bytes, a quoted
+    // word, a few non-ASCII characters (some 15% longer than the body above).
+    let prose = {
+        let text: String = words(11, body.len().saturating_sub(120).max(8))
+            .split(' ')
+            .enumerate()
+            .map(|(i, w)| match i % 10 {
+                9 => format!("{w}\n"),
+                4 => format!("\"{w}\" "),
+                7 => format!("café {w} "),
+                _ => format!("{w} "),
+            })
+            .collect();
+        serde_json::to_vec(&chat(
+            vec![serde_json::json!({"role": "user", "content": text})],
+            16,
+            false,
+        ))
+        .expect("a JSON value serializes")
+    };
+    report(
+        "`scan_object`, prose (escapes and non-ASCII)",
+        time(iters, || {
+            black_box(scan_object(black_box(&prose)).ok());
+        }),
+        prose.len(),
+    );
+    report(
+        "  serde_json's validating walk alone, prose",
+        time(iters, || {
+            black_box(is_valid_json(black_box(&prose)));
+        }),
+        prose.len(),
     );
     println!();
     println!(

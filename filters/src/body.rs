@@ -3,13 +3,12 @@
 //! and values the gateway does not touch stay byte-for-byte and in the client's order.
 //!
 //! Validation is exactly `serde_json::from_slice::<serde_json::Value>`'s (UTF-8, syntax, escapes,
-//! number range, recursion limit, trailing characters) but builds no `Value`: one walk of the
-//! document by a zero-sized validating visitor, which records each top-level entry as it passes
-//! it (the key's position from its borrowed text, the value's from the punctuation around it).
-//! A key written with escapes has no borrowed text; such a body, and every refused one, takes
-//! the two-pass path (validate, then record each value as borrowed raw text), whose answers are
-//! the reference. Nothing is allocated but the entry list (and a key longer than [`Key`] holds
-//! inline).
+//! number range, recursion limit, trailing characters) but builds no `Value`. A body it accepts
+//! is walked once ([`walk`]: validate and record each top-level entry as it passes); anything
+//! else (and any body that walk does not take) goes to serde_json: a zero-sized validating
+//! visitor, then a second pass over the object recording each entry's key and raw value. That
+//! two-pass scan is the reference and gives the error messages. Nothing is allocated but the
+//! entry list (and a key longer than [`Key`] holds inline).
 
 use std::fmt;
 use std::ops::Range;
@@ -18,6 +17,8 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::json;
+
+mod walk;
 
 /// The entries of one JSON object, in document order (duplicates kept).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -154,7 +155,7 @@ impl std::error::Error for BodyError {}
 /// Works on any slice, so a caller can pass a nested object's raw bytes (e.g. `meta_info`); entry
 /// ranges are then relative to that slice.
 pub fn scan_object(body: &[u8]) -> Result<TopLevel, BodyError> {
-    match one_pass(body) {
+    match walk::object_entries(body) {
         Some(entries) => Ok(TopLevel { entries }),
         None => scan_two_passes(body),
     }
@@ -295,133 +296,6 @@ impl<'de> Visitor<'de> for KindVisitor {
     }
 }
 
-/// The common case in one walk: a valid object whose top-level keys have no escapes. Gives
-/// `None` for anything else (not valid, not an object, an escaped key), which the two-pass scan
-/// then answers. What it accepts is exactly what the two-pass scan accepts: the same
-/// deserializer calls (`deserialize_any` on every key and value) on the same bytes.
-fn one_pass(body: &[u8]) -> Option<Vec<Entry>> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let walked = de.deserialize_map(OnePass { body }).ok()?;
-    de.end().ok()?;
-    let (mut entries, last_start) = walked?;
-    if let Some(last) = entries.last_mut() {
-        // Valid to its end: the body closes with `}` and whitespace, and the last value ends
-        // before the whitespace in front of that `}`.
-        let close = body.len() - trailing_ws(body) - 1;
-        last.value.end = close - trailing_ws(body.get(last_start..close)?);
-    }
-    Some(entries)
-}
-
-/// JSON's whitespace (serde_json's: space, `\n`, `\t`, `\r`).
-fn is_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\n' | b'\t' | b'\r')
-}
-
-/// How many whitespace bytes end `bytes`.
-fn trailing_ws(bytes: &[u8]) -> usize {
-    bytes.iter().rev().take_while(|&&b| is_ws(b)).count()
-}
-
-/// Walks an object validating every value, recording each entry. Positions come from the key's
-/// borrowed text (which a slice deserializer gives for a key without escapes): the key's quotes
-/// around it; the value starts after whitespace, `:` and whitespace; the previous value ends
-/// before the whitespace, `,` and whitespace in front of this key's quote. The last value's end
-/// is set by [`one_pass`] once the document is known to be valid to its end. Gives `None` (after
-/// validating the rest) when a key had escapes.
-struct OnePass<'b> {
-    body: &'b [u8],
-}
-
-/// The visitor's result: the entries (the last one's end not yet placed) and where the last
-/// value starts, or `None` when a key had escapes.
-type Walked = Option<(Vec<Entry>, usize)>;
-
-impl<'de> Visitor<'de> for OnePass<'_> {
-    type Value = Walked;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Walked, A::Error> {
-        let body = self.body;
-        let base = body.as_ptr() as usize;
-        let mut entries: Vec<Entry> = Vec::with_capacity(map.size_hint().unwrap_or(8).min(64));
-        let mut escaped = false;
-        let mut value_start = 0;
-        while let Some(key) = map.next_key_seed(KeySeed)? {
-            map.next_value::<JsonKind>()?;
-            if escaped {
-                continue;
-            }
-            let Some(text) = key.borrowed else {
-                escaped = true;
-                continue;
-            };
-            // The key's text lies between its quotes, inside `body`.
-            let quote = (text.as_ptr() as usize)
-                .checked_sub(base + 1)
-                .filter(|q| q + text.len() + 2 <= body.len())
-                .ok_or_else(|| de::Error::custom("key outside the scanned body"))?;
-            if let Some(prev) = entries.last_mut() {
-                let before = body.get(value_start..quote).unwrap_or_default();
-                let sep = before.len() - trailing_ws(before);
-                // `sep - 1` is the `,`.
-                let gap = &before[..sep.saturating_sub(1)];
-                prev.value.end = value_start + gap.len() - trailing_ws(gap);
-            }
-            let after = quote + text.len() + 2;
-            let colon = after + body[after..].iter().take_while(|&&b| is_ws(b)).count() + 1;
-            value_start = colon + body[colon..].iter().take_while(|&&b| is_ws(b)).count();
-            entries.push(Entry {
-                key: key.key,
-                key_start: quote,
-                value: value_start..value_start,
-            });
-        }
-        Ok((!escaped).then_some((entries, value_start)))
-    }
-}
-
-/// An object key, and its text in the scanned body when it had no escapes.
-struct SeenKey<'de> {
-    key: Key,
-    borrowed: Option<&'de str>,
-}
-
-struct KeySeed;
-
-impl<'de> de::DeserializeSeed<'de> for KeySeed {
-    type Value = SeenKey<'de>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<SeenKey<'de>, D::Error> {
-        d.deserialize_any(KeySeed)
-    }
-}
-
-impl<'de> Visitor<'de> for KeySeed {
-    type Value = SeenKey<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<SeenKey<'de>, E> {
-        Ok(SeenKey {
-            key: Key::new(s),
-            borrowed: Some(s),
-        })
-    }
-
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<SeenKey<'de>, E> {
-        Ok(SeenKey {
-            key: Key::new(s),
-            borrowed: None,
-        })
-    }
-}
-
 /// Second pass over an already validated object: keys unescaped, values as borrowed raw text
 /// whose position is found by pointer offset into `body` (a slice deserializer borrows from it).
 struct EntriesVisitor<'b> {
@@ -508,11 +382,11 @@ mod tests {
         }
     }
 
-    /// The one-walk scan records exactly what the two-pass reference records, wherever the
-    /// whitespace, separators and look-alike bytes inside values are; a body with an escaped
-    /// key, or one it cannot take, is left to the reference.
+    /// The one walk records exactly what the two-pass reference records, wherever the
+    /// whitespace, separators and look-alike bytes inside values are, and leaves what it cannot
+    /// take to the reference.
     #[test]
-    fn one_pass_records_what_the_two_pass_scan_records() {
+    fn one_walk_records_what_the_two_pass_scan_records() {
         let bodies: &[&[u8]] = &[
             b"{}",
             b" \n{ } \t",
@@ -524,15 +398,15 @@ mod tests {
             "{\"é\":\"ü\",\"\":\"\",\"k\":\"\\u00e9\\\"\\\\\"}".as_bytes(),
             br#"{"deep":[[[[{"a":[1,{"b":"}]"}]}]]]],"z":false}"#,
             br#"{"n":0.5E-7 ,"m":-0 }"#,
+            br#"{"str\u0065am":true,"a":1,"\"":2}"#,
+            br#"{"pair":"\ud83d\ude00","big":1e308,"long":"\n\n"}"#,
         ];
         for body in bodies {
-            let one = one_pass(body).expect("one walk takes it");
+            let one = walk::object_entries(body).expect("one walk takes it");
             let two = scan_two_passes(body).unwrap();
             assert_eq!(one, two.entries, "{}", String::from_utf8_lossy(body));
         }
         let left: &[&[u8]] = &[
-            br#"{"str\u0065am":true,"a":1}"#,
-            br#"{"a":1,"\"":2}"#,
             b"[]",
             b"1",
             b"{",
@@ -541,10 +415,13 @@ mod tests {
             b"{\"a\":\"\\ud800\"}",
         ];
         for body in left {
-            assert_eq!(one_pass(body), None, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                walk::object_entries(body),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
-        let top = scan_object(br#"{"a":1,"\"":2}"#).unwrap();
-        assert_eq!(keys(&top), ["a", "\""]);
     }
 
     #[test]

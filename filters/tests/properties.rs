@@ -487,6 +487,40 @@ fn detect(chunks: &[Vec<u8>]) -> bool {
     seen
 }
 
+/// Pieces of JSON string text: escapes (surrogate halves among them), control bytes, whole and
+/// broken UTF-8 sequences.
+const STRING_TOKENS: &[&[u8]] = &[
+    b"\\ud83d",
+    b"\\uDE00",
+    b"\\udc00",
+    b"\\uD800",
+    b"\\u0041",
+    b"\\u00e9",
+    b"\\u12",
+    b"\\u",
+    b"\\",
+    b"\\n",
+    b"\\\"",
+    b"\\/",
+    b"\\x",
+    b"\"",
+    b"a",
+    b" ",
+    b"9",
+    b"f",
+    b"\x01",
+    b"\x1f",
+    b"\x7f",
+    b"\xc3",
+    b"\xa9",
+    b"\xe4\xb8\xad",
+    b"\xed\xa0\x80",
+    b"\xf0\x9f\x98\x80",
+    b"\x80",
+    b"\xc0\xaf",
+    b"\xff",
+];
+
 proptest! {
     // 512 cases by default; `PROPTEST_CASES=N` runs more.
     #![proptest_config(ProptestConfig {
@@ -504,6 +538,32 @@ proptest! {
             (Err(BodyError::NotObject), Ok(v)) => prop_assert!(!v.is_object()),
             (Err(BodyError::Syntax(_)), Err(_)) => {}
             (got, want) => prop_assert!(false, "scan {:?} vs serde_json {:?}", got, want),
+        }
+    }
+
+    /// Strings and numbers in a valid frame: escapes, surrogates, control bytes, pieces of
+    /// multi-byte characters, exponents; the scan takes exactly what serde_json takes.
+    #[test]
+    fn scan_object_agrees_with_serde_json_on_strings_and_numbers(
+        text in prop::collection::vec(prop::sample::select(STRING_TOKENS), 0..12),
+        number in prop::collection::vec(prop::sample::select(&b"-+.eE0123456789"[..]), 1..12),
+        exponent in 0u16..400,
+    ) {
+        let mut string_body = b"{\"k\":\"".to_vec();
+        string_body.extend(text.concat());
+        string_body.extend_from_slice(b"\"}");
+        let mut number_body = b"{\"n\":".to_vec();
+        number_body.extend_from_slice(&number);
+        number_body.push(b'}');
+        let big = format!("{{\"n\":1.5e{exponent},\"m\":-9e-{exponent}}}").into_bytes();
+        for bytes in [string_body, number_body, big] {
+            let reference = serde_json::from_slice::<Value>(&bytes);
+            match (scan_object(&bytes), reference) {
+                (Ok(_), Ok(v)) => prop_assert!(v.is_object()),
+                (Err(BodyError::Syntax(_)), Err(_)) => {}
+                (got, want) => prop_assert!(false, "{:?}: scan {:?} vs serde_json {:?}",
+                    String::from_utf8_lossy(&bytes), got, want),
+            }
         }
     }
 
