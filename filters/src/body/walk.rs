@@ -75,16 +75,8 @@ impl Walk<'_> {
 
     /// An object at `nesting` (this one counted); its entries go to `entries` when given.
     fn object(&mut self, nesting: usize, mut entries: Option<&mut Vec<Entry>>) -> Option<()> {
-        if nesting > MAX_NESTING {
-            return None;
-        }
-        self.at += 1;
-        self.ws();
-        if self.peek()? == b'}' {
-            self.at += 1;
-            return Some(());
-        }
-        loop {
+        let mut more = self.open(nesting, b'}')?;
+        while more {
             if self.peek()? != b'"' {
                 return None;
             }
@@ -104,45 +96,49 @@ impl Walk<'_> {
                     value: value_start..self.at,
                 });
             }
-            self.ws();
-            match self.peek()? {
-                b',' => {
-                    self.at += 1;
-                    self.ws();
-                }
-                b'}' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
+            more = self.next(b'}')?;
         }
+        Some(())
     }
 
     fn array(&mut self, nesting: usize) -> Option<()> {
+        let mut more = self.open(nesting, b']')?;
+        while more {
+            self.value(nesting)?;
+            more = self.next(b']')?;
+        }
+        Some(())
+    }
+
+    /// Steps into a container at `nesting` (refused past serde_json's limit); whether a member
+    /// follows (false: it closed at once with `close`).
+    fn open(&mut self, nesting: usize, close: u8) -> Option<bool> {
         if nesting > MAX_NESTING {
             return None;
         }
         self.at += 1;
         self.ws();
-        if self.peek()? == b']' {
+        if self.peek()? == close {
             self.at += 1;
-            return Some(());
+            return Some(false);
         }
-        loop {
-            self.value(nesting)?;
-            self.ws();
-            match self.peek()? {
-                b',' => {
-                    self.at += 1;
-                    self.ws();
-                }
-                b']' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
+        Some(true)
+    }
+
+    /// After a member: `,` and another member follows (true), or the container's `close`.
+    fn next(&mut self, close: u8) -> Option<bool> {
+        self.ws();
+        match self.peek()? {
+            b',' => {
+                self.at += 1;
+                self.ws();
+                Some(true)
             }
+            c if c == close => {
+                self.at += 1;
+                Some(false)
+            }
+            _ => None,
         }
     }
 
