@@ -16,6 +16,7 @@ use pdgate_filters::classify::{
 use pdgate_filters::{scan_object, Route};
 use pdgate_filters_fuzz::{elements, lit, non_null, raw_fields, shape_oracle, value_of, Lit};
 use serde_json::value::RawValue;
+use serde_json::Value;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(top) = scan_object(data) else { return };
@@ -63,13 +64,19 @@ fn oracle(route: Route, f: &Fields) -> Result<RequestFacts, &'static str> {
     };
     let model = string("model")?;
     let stream = boolean("stream")?;
-    let n = match get("n") {
-        None => 1,
-        Some(raw) => value_of(raw)
-            .as_u64()
-            .filter(|n| (1..=1024).contains(n))
-            .ok_or("n")?,
+    let read_n = |raw: Option<Value>, field: &'static str| match raw {
+        None => Ok(1),
+        Some(v) => v.as_u64().filter(|n| (1..=1024).contains(n)).ok_or(field),
     };
+    let mut n = read_n(get("n").map(value_of), "n")?;
+    // `/generate` reads `n` from its `sampling_params` object (the top-level one is still checked).
+    if route == Route::Generate {
+        let sp_n = get("sampling_params")
+            .map(value_of)
+            .and_then(|sp| sp.get("n").cloned())
+            .filter(|v| !v.is_null());
+        n = read_n(sp_n, "sampling_params.n")?;
+    }
     let batch: Option<(&'static str, usize)> = match route {
         Route::Generate => {
             if let Some(raw) = get("input_ids") {
