@@ -11,9 +11,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use pdgate_filters::errors::{
-    decode_error, prefill_error, prefill_server_error_message, reason_phrase, render_admin_error,
-    render_error, server_error, sse_error_event, upstream_error_message, ErrorCode,
-    MAX_UPSTREAM_MESSAGE,
+    decode_error, prefill_error, prefill_server_error_message, render_admin_error, render_error,
+    server_error, sse_error_event, upstream_error_message, ErrorCode, MAX_UPSTREAM_MESSAGE,
 };
 use pdgate_filters_fuzz::{assert_one_data_line_event, parse, split_control};
 use serde_json::{json, Value};
@@ -61,9 +60,15 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(body);
     let code = ErrorCode::ALL[usize::from(c[0]) % ErrorCode::ALL.len()];
     let rendered = parse(&render_error(status, code.as_str(), &text)).expect("error body is JSON");
+    // OpenAI's kinds, as SMG 1.13.0 writes them.
+    let kind = if (400..500).contains(&status) {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
     assert_eq!(
         rendered,
-        json!({"error":{"type":reason_phrase(status),"code":code.as_str(),"message":text,"param":null}})
+        json!({"error":{"type":kind,"code":code.as_str(),"message":text,"param":null}})
     );
     let admin = parse(&render_admin_error(code, &text)).expect("admin error body is JSON");
     assert_eq!(admin, json!({"error":text,"code":code.as_str()}));
