@@ -26,7 +26,9 @@ pub(super) fn object_entries(body: &[u8]) -> Option<Vec<Entry>> {
     if walk.peek()? != b'{' {
         return None;
     }
-    let mut entries = Vec::with_capacity(16);
+    // Room for 8, as the two-pass scan reserves: most requests have no more top-level keys,
+    // and the list lives as long as the request (an open stream).
+    let mut entries = Vec::with_capacity(8);
     walk.object(1, Some(&mut entries))?;
     walk.ws();
     (walk.at == body.len()).then_some(entries)
