@@ -270,9 +270,13 @@ impl<'de, F: FnMut(&[u8]) -> bool> Visitor<'de> for EachVisitor<F> {
 /// `messages`. These reads run on every request, so they walk the bytes instead. The text must
 /// already be valid JSON (every raw value here comes from a body [`crate::body::scan_object`]
 /// validated); on other text they never panic, but their answer means nothing.
+pub(crate) use walk::skip_ws;
+
 mod walk {
     use std::borrow::Cow;
 
+    /// Index of the first byte at or after `at` that is not JSON whitespace (space, `\n`,
+    /// `\t`, `\r`).
     pub fn skip_ws(raw: &[u8], mut at: usize) -> usize {
         while matches!(raw.get(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
             at += 1;

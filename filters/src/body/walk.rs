@@ -10,6 +10,7 @@
 //! messages. A body it refused that serde_json would accept would only be slower, never wrong.
 
 use super::{Entry, Key};
+use crate::value;
 
 /// serde_json's nesting limit: the 128th nested array or object is refused.
 const MAX_NESTING: usize = 127;
@@ -44,11 +45,9 @@ impl Walk<'_> {
         self.b.get(self.at).copied()
     }
 
-    /// Skips JSON's whitespace (space, `\n`, `\t`, `\r`).
+    /// Skips JSON's whitespace.
     fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
-            self.at += 1;
-        }
+        self.at = value::skip_ws(self.b, self.at);
     }
 
     /// Steps over `byte`, or fails.
@@ -59,7 +58,7 @@ impl Walk<'_> {
     /// One value at nesting `nesting` (the containers open around it).
     fn value(&mut self, nesting: usize) -> Option<()> {
         match self.peek()? {
-            b'"' => self.string().map(drop),
+            b'"' => self.string(),
             b'{' => self.object(nesting + 1, None),
             b'[' => self.array(nesting + 1),
             b't' => self.literal(b"true"),
@@ -83,7 +82,7 @@ impl Walk<'_> {
                 return None;
             }
             let key_start = self.at;
-            let escaped = self.string()?;
+            self.string()?;
             let key_end = self.at;
             self.ws();
             self.eat(b':')?;
@@ -93,7 +92,7 @@ impl Walk<'_> {
             if let Some(entries) = entries.as_deref_mut() {
                 let text = &self.b[key_start..key_end];
                 entries.push(Entry {
-                    key: key(text, escaped)?,
+                    key: Key::new(&value::as_str(text)?),
                     key_start,
                     value: value_start..self.at,
                 });
@@ -144,26 +143,22 @@ impl Walk<'_> {
         }
     }
 
-    /// A string from its opening quote; whether it had escapes.
+    /// A string from its opening quote.
     ///
     /// Its text must be UTF-8. Outside strings only ASCII is valid JSON, and a character
     /// cannot straddle a quote, a backslash or a control byte (ASCII, never part of a longer
     /// sequence), so checking each stretch of text between those is checking the string as
     /// serde_json does (raw text and decoded escapes together). ASCII text needs no check.
-    fn string(&mut self) -> Option<bool> {
+    fn string(&mut self) -> Option<()> {
         self.at += 1;
-        let mut escaped = false;
         loop {
             self.at += text_run::<true>(&self.b[self.at..]);
             match self.peek()? {
                 b'"' => {
                     self.at += 1;
-                    return Some(escaped);
+                    return Some(());
                 }
-                b'\\' => {
-                    escaped = true;
-                    self.escape()?;
-                }
+                b'\\' => self.escape()?,
                 0x80.. => {
                     let len = text_run::<false>(&self.b[self.at..]);
                     std::str::from_utf8(&self.b[self.at..self.at + len]).ok()?;
@@ -252,16 +247,6 @@ impl Walk<'_> {
         self.at += n;
         n
     }
-}
-
-/// A key from its quoted text: the text between the quotes, or serde_json's unescaping of it.
-fn key(quoted: &[u8], escaped: bool) -> Option<Key> {
-    if escaped {
-        let s: String = serde_json::from_slice(quoted).ok()?;
-        return Some(Key::new(&s));
-    }
-    let inner = quoted.get(1..quoted.len() - 1)?;
-    Some(Key::new(std::str::from_utf8(inner).ok()?))
 }
 
 /// Whether `c` ends a run of string text: a quote, a backslash, a control character, and
