@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# bench/instructions.sh — user-space instructions per request of one or more pdgate builds,
+# counted by valgrind's callgrind on the canned-fast engines (run.sh's), small chat, non-streamed
+# and streamed.
+#
+# Like allocs.sh and syscalls.sh, a count that does not move with the machine's load: a change
+# worth 2–3% of a request's CPU is inside the noise of a CPU-time A/B on this VM (run.sh's rounds
+# differ by ±10%), and shows here. Each build runs under callgrind; the counters are zeroed after
+# a warm-up load and dumped after the measured one, so start-up is not counted. The kernel's
+# share (the sends and reads) is not in it: read it beside cost-split.sh. callgrind slows the
+# gateway ~50-fold: read the counts, not the req/s.
+#
+#   PDGATE_ALT='before=/tmp/pdgate-before/pdgate' bench/instructions.sh
+#
+# Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), PDGATE_ALT ("NAME=PATH …", more
+# builds), CONCURRENCY (default 16), STREAM (default off,on), DURATION (8 s per point),
+# PORT_BASE (default 25000), OUT (default bench/results; writes instructions.md, logs/ under it).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$ROOT/bench/results}
+PORT_BASE=${PORT_BASE:-25000}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${BIN_DIR:-$CARGO_TARGET_DIR/release}
+PDGATE_ALT=${PDGATE_ALT:-}
+CONCURRENCY=${CONCURRENCY:-16}
+STREAM=${STREAM:-off,on}
+DURATION=${DURATION:-8}
+# pdgate's own malloc tunables (src/main.rs, tune_malloc): set, they stop the re-execution
+# (callgrind would follow only the first process).
+TUNABLES=glibc.malloc.tcache_count=32:glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=67108864
+
+LOG_TAG=instructions
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+
+command -v valgrind >/dev/null || die "valgrind not installed (apt-get install valgrind)"
+build_binaries
+mkdir -p "$OUT/logs"
+http=http://127.0.0.1
+for i in 2 3; do
+  start_canned "instructions-engine-$i" $((PORT_BASE + i)) 16
+done
+workers="$(worker_yaml "$http:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "$http:$((PORT_BASE + 3))" decode)"
+
+rows=()
+port=$((PORT_BASE + 10))
+for build in "pdgate=$BIN/pdgate" $PDGATE_ALT; do
+  name=${build%%=*}
+  exe=${build#*=}
+  for s in ${STREAM//,/ }; do
+    data=$OUT/logs/instructions-$name-$s
+    rm -f "$data".cg*
+    wrapper=$data-callgrind.sh
+    printf '#!/bin/sh\nexport GLIBC_TUNABLES=%s\nexec valgrind --tool=callgrind --callgrind-out-file=%s.cg %s "$@"\n' \
+      "$TUNABLES" "$data" "$exe" >"$wrapper"
+    chmod +x "$wrapper"
+    GW_EXE=$wrapper start_pdgate "instructions-$name-$s" "$port" round_robin "$workers"
+    load() {
+      "$BIN/pdgate-bench" --threads 1 sweep --target "$name=$http:$port" --concurrency "$CONCURRENCY" \
+        --stream "$s" --prompt-bytes 1024 --duration "$1" --warmup 0 --json "$2" --markdown /dev/null \
+        >/dev/null 2>&1
+    }
+    load 2 "$data-warmup.json"
+    callgrind_control -z "$GW_PID" >/dev/null
+    load "$DURATION" "$data.json"
+    callgrind_control -d "$GW_PID" >/dev/null
+    requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$data.json" | tail -1)
+    kill -INT "$GW_PID" 2>/dev/null || true
+    wait "$GW_PID" 2>/dev/null || true
+    dump=$(ls -t "$data".cg.* 2>/dev/null | head -1 || true)
+    [[ -n $dump ]] || die "no callgrind dump for $name ($s)"
+    rows+=("$name" "$s" "$requests" "$dump")
+    port=$((port + 2))
+  done
+done
+
+md=$OUT/instructions.md
+commit="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (dirty tree)')"
+{
+  echo "# User-space instructions per request (bench/instructions.sh)"
+  echo
+  echo "$(date -u +%FT%TZ) — commit $commit; builds: pdgate=$BIN/pdgate $PDGATE_ALT;" \
+    "c=$CONCURRENCY, 1 KB chat, canned engines, ${DURATION} s under callgrind per point."
+  echo
+  python3 "$ROOT/bench/instructions.py" "${rows[@]}"
+} >"$md"
+log "wrote $md"
+cat "$md"
