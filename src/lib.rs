@@ -13,6 +13,7 @@ pub mod drain;
 pub mod gateway;
 pub mod gather;
 pub mod head;
+pub mod in_box;
 pub mod labelled;
 pub mod ledger;
 pub mod legs;

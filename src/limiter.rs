@@ -150,15 +150,41 @@ impl Limiter {
         &self.limits
     }
 
+    /// Admits the request at once when the queue is empty and a place (and a rate token) is
+    /// free: the common case, with no future to build. `None`: it must queue ([`Self::queue`]).
+    pub fn admit_now(&self) -> Option<Admitted> {
+        // Nobody may pass a request that is already waiting: the fast path is only for an
+        // empty queue (tokio's semaphore is fair as well: a freed place goes to the oldest
+        // waiter).
+        if self.waiting.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        let place = match &self.places {
+            None => None,
+            Some(places) => Some(places.clone().try_acquire_owned().ok()?),
+        };
+        if self.rate.as_ref().is_some_and(|r| r.try_take().is_err()) {
+            return None;
+        }
+        allowed().inc();
+        Some(admitted(place))
+    }
+
     /// Admits the request at once, or queues it until a place (and a rate token) is free, the
     /// queue deadline passes, or `client_gone` completes.
     pub async fn admit(&self, client_gone: impl Future) -> Result<Admitted, Refusal> {
-        // The per-request counter is resolved once, not looked up by label on every request.
-        static ALLOWED: LazyLock<IntCounter> =
-            LazyLock::new(|| METRICS.http_rate_limit.with_label_values(&["allowed"]));
-        let outcome = self.try_admit(client_gone).await;
+        match self.admit_now() {
+            Some(admitted) => Ok(admitted),
+            None => self.queue(client_gone).await,
+        }
+    }
+
+    /// Queues a request [`Self::admit_now`] did not admit: until a place (and a rate token) is
+    /// free, the queue deadline passes, or `client_gone` completes.
+    pub async fn queue(&self, client_gone: impl Future) -> Result<Admitted, Refusal> {
+        let outcome = self.wait_in_queue(client_gone).await;
         match outcome {
-            Ok(_) => ALLOWED.inc(),
+            Ok(_) => allowed().inc(),
             Err(refusal) => {
                 METRICS
                     .admission_queue_rejected
@@ -175,21 +201,7 @@ impl Limiter {
         outcome
     }
 
-    async fn try_admit(&self, client_gone: impl Future) -> Result<Admitted, Refusal> {
-        // Nobody may pass a request that is already waiting: the fast path is only for an
-        // empty queue (tokio's semaphore is fair as well: a freed place goes to the oldest
-        // waiter).
-        if self.waiting.load(Ordering::Acquire) == 0 {
-            let place = match &self.places {
-                None => Some(None),
-                Some(places) => places.clone().try_acquire_owned().ok().map(Some),
-            };
-            if let Some(place) = place {
-                if self.rate.as_ref().is_none_or(|r| r.try_take().is_ok()) {
-                    return Ok(admitted(place));
-                }
-            }
-        }
+    async fn wait_in_queue(&self, client_gone: impl Future) -> Result<Admitted, Refusal> {
         if self.limits.queue_size == 0 {
             return Err(Refusal::QueueFull {
                 queuing_disabled: true,
@@ -237,6 +249,14 @@ impl Limiter {
             },
         }
     }
+}
+
+/// The per-request counter of admitted requests, resolved once, not looked up by label on every
+/// request.
+fn allowed() -> &'static IntCounter {
+    static ALLOWED: LazyLock<IntCounter> =
+        LazyLock::new(|| METRICS.http_rate_limit.with_label_values(&["allowed"]));
+    &ALLOWED
 }
 
 fn admitted(place: Option<OwnedSemaphorePermit>) -> Admitted {

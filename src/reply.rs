@@ -8,6 +8,7 @@ use pdgate_filters::errors::{render_error, ErrorCode};
 use pingora::proxy::Session;
 
 use crate::head::{self, Head};
+use crate::in_box::in_box;
 use crate::proxy::ctx::RequestCtx;
 
 pub const JSON: &str = "application/json";
@@ -109,7 +110,7 @@ pub async fn send(
 ) -> pingora::Result<()> {
     // Boxed: a request future that may answer here carries this state for its whole life
     // otherwise (Pingora's header and body writes), an open stream included.
-    Box::pin(send_now(session, ctx, reply)).await
+    in_box(|| send_now(session, ctx, reply)).await
 }
 
 async fn send_now(

@@ -10,6 +10,7 @@ use super::request::PdRequest;
 use super::{admit, fanout, grpc, handoff, moriio, parallel, sequential};
 use crate::config::RuntimeType;
 use crate::gateway::{jittered_backoff, Gateway, Settings};
+use crate::in_box::in_box;
 use crate::ledger::Handoff;
 use crate::metrics::{METRICS, UNKNOWN_MODEL};
 use crate::policy::RoutingInput;
@@ -90,22 +91,16 @@ async fn http_attempt(
     // is refused there too ("a leg that is not a MoRIIOConnector worker"), rather than silently
     // running passthrough.
     if moriio::is_moriio(&pair.decode) || moriio::is_moriio(&pair.prefill) {
-        return Box::pin(moriio::attempt(gw, settings, session, ctx, req, pair)).await;
+        return in_box(|| moriio::attempt(gw, settings, session, ctx, req, pair)).await;
     }
     let mut slot = None;
     let outcome = if pair.prefill.runtime() == RuntimeType::Vllm {
-        Box::pin(sequential::attempt(
-            gw, settings, session, ctx, req, pair, &mut slot,
-        ))
-        .await
+        in_box(|| sequential::attempt(gw, settings, session, ctx, req, pair, &mut slot)).await
     } else if pdgate_filters::fanout::fans_out(req.route, &req.facts) {
         // SGLang would put every sample in one room: one rendezvous per sample instead.
-        return Box::pin(fanout::attempt(gw, settings, session, ctx, req, pair)).await;
+        return in_box(|| fanout::attempt(gw, settings, session, ctx, req, pair)).await;
     } else {
-        Box::pin(parallel::attempt(
-            gw, settings, session, ctx, req, pair, &mut slot,
-        ))
-        .await
+        in_box(|| parallel::attempt(gw, settings, session, ctx, req, pair, &mut slot)).await
     };
     match slot {
         Some(handoff) => outcome.settle(&handoff),
@@ -151,11 +146,10 @@ pub async fn serve(
                     // The decode's admission window (every transport): the slots are held until
                     // the attempt, and with it every decode leg, has ended.
                     let sequences = req.facts.decode_sequences(req.route);
-                    let claim = admit::claim(&settings, session, &pair.decode, sequences);
-                    match Box::pin(claim).await {
+                    match admit::claim(&settings, session, &pair.decode, sequences).await {
                         Err(refused) => refused,
                         Ok(_slots) => {
-                            Box::pin(http_attempt(gw, &settings, session, ctx, req, &pair)).await
+                            in_box(|| http_attempt(gw, &settings, session, ctx, req, &pair)).await
                         }
                     }
                 };

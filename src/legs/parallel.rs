@@ -22,6 +22,7 @@ use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg};
 use super::relay::{relay_decode, RelayPlan};
 use super::request::{ForwardHeaders, PdRequest};
 use crate::gateway::{Gateway, Settings};
+use crate::in_box::in_box;
 use crate::ledger::{Handoff, Kind};
 use crate::metrics::{BACKEND_PD, METRICS};
 use crate::proxy::ctx::RequestCtx;
@@ -209,7 +210,7 @@ pub async fn attempt(
         // its size.
         let opened = tokio::select! {
             biased;
-            o = Box::pin(open_sample(gw, s, req, pair, &labels, legs)) => o,
+            o = in_box(|| open_sample(gw, s, req, pair, &labels, legs)) => o,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         };
         let OpenSample {
@@ -352,12 +353,14 @@ pub async fn open_sample(
     };
     // Boxed so its state is freed once the head is in, instead of sizing this future (held
     // for the whole stream) by it.
-    let mut decode_open = Box::pin(gw.client.open_traced(
-        &pair.decode.peer,
-        &decode_req,
-        decode_head_timeout,
-        &mut decode_trace,
-    ));
+    let mut decode_open = in_box(|| {
+        gw.client.open_traced(
+            &pair.decode.peer,
+            &decode_req,
+            decode_head_timeout,
+            &mut decode_trace,
+        )
+    });
 
     // Both heads, first failure wins. Biased, the decode first: an in-task prefill is then
     // sent right after it, the order a prefill in its own task gets (it runs once this task

@@ -26,6 +26,7 @@ use tokio::sync::oneshot;
 
 use super::client::{LegClient, LegError, LegErrorKind, LegRequest};
 use super::request::ForwardHeaders;
+use crate::in_box::in_box;
 use crate::ledger::Handoff;
 use crate::trace::LegTrace;
 use crate::workers::Worker;
@@ -157,7 +158,7 @@ impl PrefillLeg {
         } else {
             (None, None)
         };
-        let leg = Box::pin(async move {
+        let leg = in_box(|| async move {
             let _counted = counted;
             run(job, head_tx, body_tx).await
         });

@@ -19,6 +19,7 @@ use super::parallel::PdLabels;
 use super::prefill::PrefillLeg;
 use crate::gateway::Gateway;
 use crate::head::{self, Head};
+use crate::in_box::in_box;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::{self, Reply, JSON, SSE};
@@ -181,7 +182,7 @@ pub fn relay<'a>(
         // The one-shot steps are boxed where awaited: this future lives as long as the stream, and
         // inline each would size it (see "Memory per open stream" in bench/README.md).
         if !plan.streaming {
-            return Box::pin(relay_whole(session, ctx, leg, &mut plan, status)).await;
+            return in_box(|| relay_whole(session, ctx, leg, &mut plan, status)).await;
         }
         let head = match stream_head(leg.head(), status, ctx, plan.decode) {
             Ok(h) => h,
@@ -489,7 +490,7 @@ pub fn relay_decode<'a>(
     async move {
         let status = decode.status();
         // Boxed for the same reason as the attempts in `dispatch` (futures nest by value).
-        let (end, reusable) = Box::pin(relay(session, ctx, decode, plan)).await;
+        let (end, reusable) = in_box(|| relay(session, ctx, decode, plan)).await;
         match &end {
             RelayEnd::Complete => pair.decode.record_leg(Some(status)),
             RelayEnd::StreamError(_) | RelayEnd::NotSent(_) => pair.decode.record_leg(None),
@@ -503,7 +504,7 @@ pub fn relay_decode<'a>(
         }
         // Boxed: short-lived, and this future is held by the attempt for the stream's life.
         // The leg is handed over unmatched, so no room is kept for it here.
-        Box::pin(release(gw, reusable, pair)).await;
+        in_box(|| release(gw, reusable, pair)).await;
         match end {
             RelayEnd::Complete => Attempt::Answered,
             RelayEnd::ClientGone => Attempt::ClientGone,

@@ -23,6 +23,7 @@ use super::relay::{relay_decode, RelayPlan};
 use super::request::PdRequest;
 use crate::config::label;
 use crate::gateway::{Gateway, Settings};
+use crate::in_box::in_box;
 use crate::ledger::{Handoff, Kind};
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
@@ -173,7 +174,7 @@ pub async fn attempt(
         let response = tokio::select! {
             // Boxed, as the decode's opening below: short-lived states kept out of the attempt's
             // future, which lives as long as the stream it relays.
-            r = Box::pin(prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace)) => r,
+            r = in_box(|| prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace)) => r,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
         };
         let response = match response {
@@ -257,7 +258,7 @@ pub async fn attempt(
         s.request_timeout
     };
     let opened = tokio::select! {
-        r = Box::pin(gw.client.open_traced(&pair.decode.peer, &decode_req, head_timeout, &mut decode_trace)) => r,
+        r = in_box(|| gw.client.open_traced(&pair.decode.peer, &decode_req, head_timeout, &mut decode_trace)) => r,
         _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
     };
     let decode = match opened {

@@ -17,6 +17,7 @@ use super::routes::{self, Endpoint, RouteRefusal};
 use super::Listener;
 use crate::admin;
 use crate::gateway::Gateway;
+use crate::in_box::in_box;
 use crate::legs::dispatch::{self, Served};
 use crate::legs::request::{ForwardHeaders, PdRequest, RoutingKeys};
 use crate::limiter::Refusal;
@@ -251,7 +252,7 @@ async fn serve(
         Endpoint::CountTokens => Box::pin(count_tokens(gw, session, ctx)).await,
         // Boxed arms: this future lives as long as the request (a whole stream), and inline
         // it would be as large as its largest arm (see `legs::dispatch`).
-        Endpoint::Pd(route) => Box::pin(serve_pd(gw, session, ctx, route)).await,
+        Endpoint::Pd(route) => in_box(|| serve_pd(gw, session, ctx, route)).await,
     }
 }
 
@@ -296,7 +297,7 @@ async fn serve_pd(
     crate::trace::start_request(session.req_header(), ctx);
     // Boxed: what comes before the legs ends before them, and inline its state would stay in
     // this future for the life of the stream.
-    let Some(req) = Box::pin(take_in(gw, session, ctx, route)).await? else {
+    let Some(req) = in_box(|| take_in(gw, session, ctx, route)).await? else {
         return Ok(true);
     };
     match dispatch::serve(gw, session, ctx, &req).await {
@@ -471,6 +472,10 @@ async fn admit(
     let Some(limiter) = gw.limiter.load_full() else {
         return Ok(None);
     };
+    if let Some(admitted) = limiter.admit_now() {
+        ctx.admission = Some(admitted);
+        return Ok(None);
+    }
     let client_gone = async {
         if body_read {
             let _ = session.read_body_or_idle(true).await;
@@ -478,7 +483,8 @@ async fn admit(
             std::future::pending::<()>().await;
         }
     };
-    let refusal = match limiter.admit(client_gone).await {
+    // Boxed: the queue's state is built only for a request that waits.
+    let refusal = match Box::pin(limiter.queue(client_gone)).await {
         Ok(admitted) => {
             ctx.admission = Some(admitted);
             return Ok(None);

@@ -68,6 +68,31 @@ pub enum NotAdmitted {
     ClientGone,
 }
 
+/// What [`admit_now`] decided without waiting, or `None`: the window is full and the request
+/// may wait ([`wait_for_slots`]).
+pub type Decided = Option<Result<Option<Slots>, NotAdmitted>>;
+
+/// Claims `n` slots on `decode` (none when it reports no window) when that needs no wait: the
+/// common case, with no future to build. Sheds at once a request larger than the window, or
+/// one that finds it full when `wait` is zero.
+pub fn admit_now(decode: &Worker, n: u32, wait: Duration) -> Decided {
+    let Some(window) = decode.admission_window() else {
+        return Some(Ok(None));
+    };
+    if n > window.size {
+        METRICS.pd_admission_sheds.inc();
+        return Some(Err(NotAdmitted::Shed));
+    }
+    if let Ok(slots) = window.slots.clone().try_acquire_many_owned(n) {
+        return Some(Ok(Some(slots)));
+    }
+    if wait.is_zero() {
+        METRICS.pd_admission_sheds.inc();
+        return Some(Err(NotAdmitted::Shed));
+    }
+    None
+}
+
 /// Claims `n` slots on `decode` (none when it reports no window): at once when free, else after
 /// waiting up to `wait` while `client_gone` has not resolved. Counts the waits and the sheds.
 pub async fn admit(
@@ -76,20 +101,23 @@ pub async fn admit(
     wait: Duration,
     client_gone: impl Future<Output = ()>,
 ) -> Result<Option<Slots>, NotAdmitted> {
+    match admit_now(decode, n, wait) {
+        Some(decided) => decided,
+        None => wait_for_slots(decode, n, wait, client_gone).await,
+    }
+}
+
+/// The wait of a request [`admit_now`] left undecided: up to `wait` for `n` slots, while
+/// `client_gone` has not resolved.
+pub async fn wait_for_slots(
+    decode: &Worker,
+    n: u32,
+    wait: Duration,
+    client_gone: impl Future<Output = ()>,
+) -> Result<Option<Slots>, NotAdmitted> {
     let Some(window) = decode.admission_window() else {
         return Ok(None);
     };
-    if n > window.size {
-        METRICS.pd_admission_sheds.inc();
-        return Err(NotAdmitted::Shed);
-    }
-    if let Ok(slots) = window.slots.clone().try_acquire_many_owned(n) {
-        return Ok(Some(slots));
-    }
-    if wait.is_zero() {
-        METRICS.pd_admission_sheds.inc();
-        return Err(NotAdmitted::Shed);
-    }
     let acquire = window.slots.clone().acquire_many_owned(n);
     window.waiting.fetch_add(1, Ordering::Relaxed);
     struct Waiting<'a>(&'a AtomicU32);

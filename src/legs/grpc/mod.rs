@@ -42,7 +42,6 @@ use crate::ledger::Handoff;
 use crate::metrics::METRICS;
 use crate::proxy::ctx::RequestCtx;
 use crate::reply::Reply;
-use crate::workers::admission::{self, NotAdmitted};
 use crate::workers::select::Pair;
 use crate::workers::Worker;
 
@@ -138,28 +137,10 @@ pub async fn attempt(
         }
     }
     // The decode admission window: one slot per backend request on the decode.
-    let wait = settings.pd_admission_wait;
-    let admitted = {
-        let client_gone = async {
-            let _ = session.read_body_or_idle(true).await;
-        };
-        admission::admit(&pair.decode, p.gen.sampling.n.max(1), wait, client_gone).await
-    };
-    let slots = match admitted {
+    let n = p.gen.sampling.n.max(1) as usize;
+    let slots = match super::admit::claim(settings, session, &pair.decode, n).await {
         Ok(slots) => slots,
-        Err(NotAdmitted::ClientGone) => return Attempt::ClientGone,
-        Err(NotAdmitted::Shed) => {
-            return Attempt::Refused(
-                Reply::error(
-                    ErrorCode::WorkerOverloadProtectionShed,
-                    format!(
-                        "the decode worker {} has no free slot in its running window",
-                        pair.decode.url()
-                    ),
-                )
-                .with_retry_after(settings.overload_retry_after_secs),
-            )
-        }
+        Err(refused) => return refused,
     };
     let legs = Legs {
         gw,
