@@ -16,7 +16,10 @@ use std::pin::Pin;
 /// it.
 #[inline(always)]
 pub fn in_box<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
-    Box::into_pin(Box::write(Box::new_uninit(), make()))
+    let mut slot = Box::<F>::new_uninit();
+    slot.write(make());
+    // SAFETY: `write` initialised the box's content just above.
+    Box::into_pin(unsafe { slot.assume_init() })
 }
 
 #[cfg(test)]
