@@ -15,12 +15,12 @@
 //! then pulled piece by piece. Dropping an [`OpenLeg`] closes its connection — that is how a leg
 //! is "dropped", and the engine sees the hang-up and aborts its side of the rendezvous.
 
-use std::io::Write as _;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Version};
 use pdgate_filters::framing::{BodyDecoder, Framing, FramingError};
+use pdgate_filters::json::decimal;
 use pingora::connectors::{ConnectorOptions, TransportConnector};
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
@@ -112,6 +112,19 @@ pub struct LegRequest<'a> {
     /// Extra headers (forwarded client headers, auth). `Content-Type`/`Content-Length` are added.
     pub headers: &'a [(HeaderName, HeaderValue)],
     pub body: Bytes,
+    /// Which of the answer's headers the leg keeps.
+    pub answer_headers: AnswerHeaders,
+}
+
+/// Which headers of a leg's answer are kept in its head (the framing ones are always read, and
+/// never kept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerHeaders {
+    /// All of them: an answer that is relayed, or whose headers are read.
+    All,
+    /// `Content-Type` only: an answer nobody relays (the SGLang prefill's), whose other headers
+    /// would be checked and stored for nothing — a `HeaderMap` entry each.
+    ContentTypeOnly,
 }
 
 /// The pooled client. One per service runtime: pooled sockets belong to the reactor that made
@@ -233,6 +246,7 @@ struct RequestWire {
     /// and a frozen `Bytes` of it would cost a second allocation.
     first: Vec<u8>,
     rest: Option<Bytes>,
+    answer_headers: AnswerHeaders,
 }
 
 impl RequestWire {
@@ -264,7 +278,8 @@ impl RequestWire {
         w.extend_from_slice(req.host.as_bytes());
         if with_body {
             w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
-            let _ = write!(w, "{}", req.body.len());
+            let mut digits = [0u8; 20];
+            w.extend_from_slice(decimal(req.body.len() as u64, &mut digits).as_bytes());
         }
         w.extend_from_slice(b"\r\n");
         for (name, value) in req.headers {
@@ -280,7 +295,11 @@ impl RequestWire {
         } else {
             Some(req.body.clone())
         };
-        Ok(RequestWire { first: w, rest })
+        Ok(RequestWire {
+            first: w,
+            rest,
+            answer_headers: req.answer_headers,
+        })
     }
 }
 
@@ -299,7 +318,7 @@ async fn exchange(
             stream.write_all(rest).await.map_err(send)?;
         }
         stream.flush().await.map_err(send)?;
-        read_head(&mut stream).await
+        read_head(&mut stream, wire.answer_headers).await
     };
     match tokio::time::timeout(limit, work).await {
         Err(_) => Err((
@@ -331,7 +350,7 @@ type Head = (ResponseHeader, BytesMut, Framing, bool);
 
 /// Reads until a complete final response head (1xx interim heads are skipped). The returned
 /// buffer holds whatever of the body came with it.
-async fn read_head(stream: &mut Stream) -> Result<Head, (LegError, bool)> {
+async fn read_head(stream: &mut Stream, keep: AnswerHeaders) -> Result<Head, (LegError, bool)> {
     let head_err = |detail: String, retry: bool| (LegError::new(LegErrorKind::Head, detail), retry);
     let mut buf = BytesMut::with_capacity(READ_START);
     let mut got_any = false;
@@ -351,7 +370,7 @@ async fn read_head(stream: &mut Stream) -> Result<Head, (LegError, bool)> {
         }
         got_any = true;
         loop {
-            match parse_head(&buf)? {
+            match parse_head(&buf, keep)? {
                 None if buf.len() >= MAX_HEAD => {
                     return Err(head_err(
                         format!("response head larger than {MAX_HEAD} bytes"),
@@ -380,7 +399,7 @@ type Parsed = Option<(usize, Option<(ResponseHeader, Framing, bool)>)>;
 /// Parses a response head at the start of `buf`: `None` while incomplete; `Some((len, None))`
 /// for an interim 1xx head; otherwise the head, its body framing (RFC 9112 §6.3) and whether
 /// the connection may be kept alive.
-fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
+fn parse_head(buf: &[u8], keep: AnswerHeaders) -> Result<Parsed, (LegError, bool)> {
     let bad = |detail: String| (LegError::new(LegErrorKind::Head, detail), false);
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
@@ -442,6 +461,9 @@ fn parse_head(buf: &[u8]) -> Result<Parsed, (LegError, bool)> {
         }
         // The framing headers above describe this connection, not the answer: they are read
         // here and never relayed, so the head keeps only the others.
+        if keep == AnswerHeaders::ContentTypeOnly && name != http::header::CONTENT_TYPE {
+            continue;
+        }
         let value = well_known_value(h.value)
             .map_or_else(|| HeaderValue::from_bytes(h.value), Ok)
             .map_err(|_| bad(format!("bad value for header {:?}", h.name)))?;
@@ -788,7 +810,7 @@ mod tests {
     use crate::legs::within;
 
     fn head(raw: &[u8]) -> (usize, ResponseHeader, Framing, bool) {
-        match parse_head(raw).unwrap() {
+        match parse_head(raw, AnswerHeaders::All).unwrap() {
             Some((len, Some((h, f, k)))) => (len, h, f, k),
             other => panic!("not a final head: {:?}", other.map(|(l, _)| l)),
         }
@@ -828,7 +850,7 @@ mod tests {
             b"HTTQ/1.1 200 OK\r\n\r\n",
         ] {
             assert!(
-                parse_head(bad).is_err(),
+                parse_head(bad, AnswerHeaders::All).is_err(),
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );
@@ -836,13 +858,33 @@ mod tests {
     }
 
     #[test]
+    fn a_head_kept_for_its_content_type_still_reads_the_framing() {
+        let raw = b"HTTP/1.1 200 OK\r\ndate: Thu, 03 Dec 2026 18:00:00 GMT\r\nserver: uvicorn\r\n\
+                    content-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        let Ok(Some((len, Some((h, framing, keepalive))))) =
+            parse_head(raw, AnswerHeaders::ContentTypeOnly)
+        else {
+            panic!("not a final head");
+        };
+        assert_eq!(
+            (len, framing, keepalive),
+            (raw.len(), Framing::Chunked, true)
+        );
+        assert_eq!(h.headers.len(), 1);
+        assert_eq!(h.headers["content-type"], "text/event-stream");
+        // All of them, for an answer that is relayed.
+        let (_, h, _, _) = head(raw);
+        assert_eq!(h.headers.len(), 3);
+    }
+
+    #[test]
     fn interim_heads_are_skipped_and_partial_heads_wait() {
         assert!(matches!(
-            parse_head(b"HTTP/1.1 100 Continue\r\n\r\n"),
+            parse_head(b"HTTP/1.1 100 Continue\r\n\r\n", AnswerHeaders::All),
             Ok(Some((25, None)))
         ));
         assert!(matches!(
-            parse_head(b"HTTP/1.1 200 OK\r\ncontent-le"),
+            parse_head(b"HTTP/1.1 200 OK\r\ncontent-le", AnswerHeaders::All),
             Ok(None)
         ));
         let (len, h, _, _) = head(
@@ -860,6 +902,7 @@ mod tests {
             HeaderValue::from_static("abc"),
         )];
         let req = LegRequest {
+            answer_headers: AnswerHeaders::All,
             method: "POST",
             path: "/generate",
             host: "127.0.0.1:30000",
@@ -873,6 +916,7 @@ mod tests {
             &b"POST /generate HTTP/1.1\r\nhost: 127.0.0.1:30000\r\ncontent-type: application/json\r\ncontent-length: 7\r\nx-request-id: abc\r\n\r\n{\"a\":1}"[..]
         );
         let get = LegRequest {
+            answer_headers: AnswerHeaders::All,
             method: "GET",
             path: "/health",
             host: "h:1",
@@ -884,6 +928,7 @@ mod tests {
             b"GET /health HTTP/1.1\r\nhost: h:1\r\n\r\n"
         );
         let big = LegRequest {
+            answer_headers: AnswerHeaders::All,
             body: Bytes::from(vec![b'x'; COALESCE_BODY + 1]),
             ..get
         };
@@ -891,6 +936,7 @@ mod tests {
         assert_eq!(w.rest.as_ref().map(|b| b.len()), Some(COALESCE_BODY + 1));
         for (path, host) in [("/a b", "h"), ("/a\r\nX: y", "h"), ("/a", "h\r\n")] {
             let r = LegRequest {
+                answer_headers: AnswerHeaders::All,
                 method: "GET",
                 path,
                 host,
@@ -944,6 +990,7 @@ mod tests {
 
     fn get() -> LegRequest<'static> {
         LegRequest {
+            answer_headers: AnswerHeaders::All,
             method: "GET",
             path: "/s",
             host: "h:1",

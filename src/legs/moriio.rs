@@ -131,6 +131,7 @@ impl<'a> Legs<'a> {
         body: Bytes,
     ) -> LegRequest<'r> {
         LegRequest {
+            answer_headers: super::client::AnswerHeaders::All,
             method: "POST",
             path,
             host: &worker.address.authority,

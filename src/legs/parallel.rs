@@ -339,6 +339,7 @@ pub async fn open_sample(
     let decode_headers = legs.headers.traced(legs.decode_trace.as_deref());
     let mut decode_trace = legs.decode_trace;
     let decode_req = LegRequest {
+        answer_headers: super::client::AnswerHeaders::All,
         method: "POST",
         path: &decode_path,
         host: &pair.decode.address.authority,

@@ -303,6 +303,7 @@ async fn exchange(
 ) -> PrefillEnd {
     let started = Instant::now();
     let req = LegRequest {
+        answer_headers: super::client::AnswerHeaders::ContentTypeOnly,
         method: "POST",
         path: &job.path,
         host: &job.worker.address.authority,

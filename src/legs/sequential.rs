@@ -165,6 +165,7 @@ pub async fn attempt(
         );
         let prefill_headers = req.forward.traced(prefill_trace.as_deref());
         let prefill_req = LegRequest {
+            answer_headers: super::client::AnswerHeaders::All,
             method: "POST",
             path: &prefill_path,
             host: &pair.prefill.address.authority,
@@ -242,6 +243,7 @@ pub async fn attempt(
     );
     let decode_headers = req.forward.traced(decode_trace.as_deref());
     let decode_req = LegRequest {
+        answer_headers: super::client::AnswerHeaders::All,
         method: "POST",
         path: &decode_path,
         host: &pair.decode.address.authority,

@@ -20,7 +20,7 @@ use pingora::services::background::BackgroundService;
 use pingora::upstreams::peer::HttpPeer;
 
 use crate::gateway::Gateway;
-use crate::legs::client::{LegClient, LegPeer, LegRequest};
+use crate::legs::client::{AnswerHeaders, LegClient, LegPeer, LegRequest};
 use crate::metrics::METRICS;
 use crate::workers::select::is_available;
 
@@ -136,6 +136,7 @@ impl LinkCanaries {
             }
         }
         let req = LegRequest {
+            answer_headers: AnswerHeaders::All,
             method: "POST",
             path: "/v1/completions",
             host: authority,

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::config::{label, RuntimeType, WorkerSpec, WorkerType};
 
 use super::worker::{Discovered, Origin, Worker, WorkerAddress, WorkerDefaults};
-use crate::legs::client::{LegClient, LegRequest};
+use crate::legs::client::{AnswerHeaders, LegClient, LegRequest};
 
 /// Resolves `host:port` (blocking; for startup, or inside `spawn_blocking`).
 pub fn resolve(address: &WorkerAddress) -> Result<SocketAddr, String> {
@@ -194,6 +194,7 @@ pub async fn worker_call(
     }
     let full = w.address.path_for(path);
     let req = LegRequest {
+        answer_headers: AnswerHeaders::All,
         method,
         path: &full,
         host: &w.address.authority,
