@@ -261,16 +261,16 @@ fn incompatibility(snap: &Snapshot, prefill_ok: &[bool], decode_ok: &[bool]) -> 
 
 /// Runs `policy` over `list`; the index of its pick (after telling it the pick was taken).
 fn pick(policy: &dyn Policy, list: &[&Arc<Worker>], input: &RoutingInput<'_>) -> Option<usize> {
-    let loads: List<Option<Arc<EngineLoad>>> = list.iter().map(|w| w.load()).collect();
-    let cands: List<Candidate<'_>> = list
-        .iter()
-        .zip(&loads)
-        .map(|(w, load)| Candidate {
-            url: w.url(),
-            in_flight: w.in_flight(),
-            load: load.as_deref(),
-        })
-        .collect();
+    // Filled in place: a `collect` builds its list and then returns it by value, a copy of the
+    // whole inline array (528 bytes for the candidates; gdb, bench/README "fourteenth part").
+    let mut loads: List<Option<Arc<EngineLoad>>> = List::new();
+    loads.extend(list.iter().map(|w| w.load()));
+    let mut cands: List<Candidate<'_>> = List::new();
+    cands.extend(list.iter().zip(&loads).map(|(w, load)| Candidate {
+        url: w.url(),
+        in_flight: w.in_flight(),
+        load: load.as_deref(),
+    }));
     let idx = policy.select(&cands, input)?;
     let chosen = cands.get(idx)?;
     policy.on_selected(chosen, input);
