@@ -29,8 +29,6 @@ PDGATE_ALT=${PDGATE_ALT:-}
 CONCURRENCY=${CONCURRENCY:-16}
 STREAM=${STREAM:-off,on}
 DURATION=${DURATION:-4}
-# pdgate's own malloc tunables (src/main.rs, tune_malloc): set, they stop the re-execution.
-TUNABLES=glibc.malloc.tcache_count=32:glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=67108864
 
 LOG_TAG=allocs
 # shellcheck source=bench/lib.sh
@@ -40,10 +38,7 @@ command -v heaptrack >/dev/null || die "heaptrack not installed (apt-get install
 build_binaries
 mkdir -p "$OUT/logs"
 http=http://127.0.0.1
-for i in 2 3; do
-  start_canned "allocs-engine-$i" $((PORT_BASE + i)) 16
-done
-workers="$(worker_yaml "$http:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "$http:$((PORT_BASE + 3))" decode)"
+start_canned_pair allocs
 
 # traced NAME EXE PORT [LOAD_ARGS…]: runs EXE under heaptrack (load when LOAD_ARGS are given),
 # stops it, and prints "CALLS REQUESTS".
@@ -53,7 +48,7 @@ traced() {
   local wrapper=$OUT/logs/allocs-$name-heaptrack.sh data=$OUT/logs/allocs-$name
   rm -f "$data".*
   printf '#!/bin/sh\nexport GLIBC_TUNABLES=%s\nexec heaptrack -o %s %s "$@"\n' \
-    "$TUNABLES" "$data" "$exe" >"$wrapper"
+    "$PDGATE_TUNABLES" "$data" "$exe" >"$wrapper"
   chmod +x "$wrapper"
   GW_EXE=$wrapper start_pdgate "allocs-$name" "$port" round_robin "$workers"
   local requests=0

@@ -39,9 +39,7 @@ mkdir -p "$OUT/logs"
 DATA=$OUT/logs/cost-split
 mkdir -p "$DATA"
 http=http://127.0.0.1
-for i in 2 3; do
-  start_canned "cost-split-engine-$i" $((PORT_BASE + i)) 16
-done
+start_canned_pair cost-split
 floor_args=(--prefill "127.0.0.1:$((PORT_BASE + 2))" --bootstrap-port $((PORT_BASE + 4))
   --decode "127.0.0.1:$((PORT_BASE + 3))" --threads 2)
 "$BIN/pdgate-bench" floor-proxy --listen "127.0.0.1:$((PORT_BASE + 10))" "${floor_args[@]}" \
@@ -52,7 +50,6 @@ PIDS+=("$FLOOR")
   >"$OUT/logs/cost-split-pingora-floor.log" 2>&1 &
 PFLOOR=$!
 PIDS+=("$PFLOOR")
-workers="$(worker_yaml "$http:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "$http:$((PORT_BASE + 3))" decode)"
 start_pdgate cost-split-pdgate $((PORT_BASE + 12)) round_robin "$workers"
 chat='{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
 for p in 10 11; do

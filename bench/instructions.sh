@@ -26,9 +26,6 @@ PDGATE_ALT=${PDGATE_ALT:-}
 CONCURRENCY=${CONCURRENCY:-16}
 STREAM=${STREAM:-off,on}
 DURATION=${DURATION:-8}
-# pdgate's own malloc tunables (src/main.rs, tune_malloc): set, they stop the re-execution
-# (callgrind would follow only the first process).
-TUNABLES=glibc.malloc.tcache_count=32:glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=67108864
 
 LOG_TAG=instructions
 # shellcheck source=bench/lib.sh
@@ -38,10 +35,7 @@ command -v valgrind >/dev/null || die "valgrind not installed (apt-get install v
 build_binaries
 mkdir -p "$OUT/logs"
 http=http://127.0.0.1
-for i in 2 3; do
-  start_canned "instructions-engine-$i" $((PORT_BASE + i)) 16
-done
-workers="$(worker_yaml "$http:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "$http:$((PORT_BASE + 3))" decode)"
+start_canned_pair instructions
 
 rows=()
 port=$((PORT_BASE + 10))
@@ -53,7 +47,7 @@ for build in "pdgate=$BIN/pdgate" $PDGATE_ALT; do
     rm -f "$data".cg*
     wrapper=$data-callgrind.sh
     printf '#!/bin/sh\nexport GLIBC_TUNABLES=%s\nexec valgrind --tool=callgrind --callgrind-out-file=%s.cg %s "$@"\n' \
-      "$TUNABLES" "$data" "$exe" >"$wrapper"
+      "$PDGATE_TUNABLES" "$data" "$exe" >"$wrapper"
     chmod +x "$wrapper"
     GW_EXE=$wrapper start_pdgate "instructions-$name-$s" "$port" round_robin "$workers"
     load() {

@@ -91,6 +91,21 @@ start_canned() {
   wait_http "http://127.0.0.1:$port/health" || die "engine $name did not start (see $OUT/logs/$name.log)"
 }
 
+# pdgate's own malloc tunables (src/main.rs, tune_malloc). A wrapper that sets them before it
+# runs pdgate under a tool (heaptrack, callgrind) stops pdgate's re-execution of itself, which
+# the tool would not follow.
+PDGATE_TUNABLES=glibc.malloc.tcache_count=32:glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=67108864
+
+# start_canned_pair TAG: two canned engines on PORT_BASE+2 (prefill, bootstrap port PORT_BASE+4)
+# and PORT_BASE+3 (decode), logging to $OUT/logs/TAG-engine-N.log; sets `workers` (their YAML).
+start_canned_pair() {
+  local i
+  for i in 2 3; do
+    start_canned "$1-engine-$i" $((PORT_BASE + i)) 16
+  done
+  workers="$(worker_yaml "http://127.0.0.1:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "http://127.0.0.1:$((PORT_BASE + 3))" decode)"
+}
+
 # worker_yaml URL TYPE [BOOTSTRAP_PORT]: one `workers:` entry.
 worker_yaml() {
   printf '    - {url: %s, worker_type: %s%s}\n' "$1" "$2" "${3:+, bootstrap_port: $3}"
