@@ -187,21 +187,25 @@ impl LinkTable {
         }
         let now = Instant::now();
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        if !links.contains_key(decode_id) {
-            links.insert(
-                Arc::from(decode_id),
-                Link {
-                    prefill_url: Arc::from(prefill_url),
-                    decode_url: Arc::from(decode_url),
-                    state: State::Closed,
-                    current_start: now,
-                    current: Counts::default(),
-                    previous: Counts::default(),
-                    recomputes: 0,
-                },
-            );
-        }
-        let link = links.get_mut(decode_id).expect("inserted above");
+        // One lookup for the link every handoff after the first finds.
+        let link = match links.get_mut(decode_id) {
+            Some(link) => link,
+            None => {
+                links.insert(
+                    Arc::from(decode_id),
+                    Link {
+                        prefill_url: Arc::from(prefill_url),
+                        decode_url: Arc::from(decode_url),
+                        state: State::Closed,
+                        current_start: now,
+                        current: Counts::default(),
+                        previous: Counts::default(),
+                        recomputes: 0,
+                    },
+                );
+                links.get_mut(decode_id).expect("inserted above")
+            }
+        };
         let _ = link.counts(now, settings.window);
         if outcome.is_failure() {
             link.current.failed += 1;
