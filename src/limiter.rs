@@ -150,9 +150,25 @@ impl Limiter {
         &self.limits
     }
 
-    /// Admits the request at once when the queue is empty and a place (and a rate token) is
-    /// free: the common case, with no future to build. `None`: it must queue ([`Self::queue`]).
-    pub fn admit_now(&self) -> Option<Admitted> {
+    /// Admits the request at once, or queues it until a place (and a rate token) is free, the
+    /// queue deadline passes, or the future `client_gone` makes completes.
+    ///
+    /// The common case (nobody queued, a place free) is decided without a future; the queue's,
+    /// and `client_gone`'s, are built and boxed only for a request that waits, so the caller's
+    /// future does not carry their size.
+    pub async fn admit<F: Future>(
+        &self,
+        client_gone: impl FnOnce() -> F,
+    ) -> Result<Admitted, Refusal> {
+        match self.admit_now() {
+            Some(admitted) => Ok(admitted),
+            None => Box::pin(self.queue(client_gone())).await,
+        }
+    }
+
+    /// [`Self::admit`] when the queue is empty and a place (and a rate token) is free. `None`:
+    /// the request must queue.
+    fn admit_now(&self) -> Option<Admitted> {
         // Nobody may pass a request that is already waiting: the fast path is only for an
         // empty queue (tokio's semaphore is fair as well: a freed place goes to the oldest
         // waiter).
@@ -170,18 +186,8 @@ impl Limiter {
         Some(admitted(place))
     }
 
-    /// Admits the request at once, or queues it until a place (and a rate token) is free, the
-    /// queue deadline passes, or `client_gone` completes.
-    pub async fn admit(&self, client_gone: impl Future) -> Result<Admitted, Refusal> {
-        match self.admit_now() {
-            Some(admitted) => Ok(admitted),
-            None => self.queue(client_gone).await,
-        }
-    }
-
-    /// Queues a request [`Self::admit_now`] did not admit: until a place (and a rate token) is
-    /// free, the queue deadline passes, or `client_gone` completes.
-    pub async fn queue(&self, client_gone: impl Future) -> Result<Admitted, Refusal> {
+    /// Queues a request [`Self::admit_now`] did not admit, and counts how that ended.
+    async fn queue(&self, client_gone: impl Future) -> Result<Admitted, Refusal> {
         let outcome = self.wait_in_queue(client_gone).await;
         match outcome {
             Ok(_) => allowed().inc(),
@@ -371,12 +377,12 @@ mod tests {
     #[tokio::test]
     async fn places_are_held_until_dropped_and_the_queue_is_fifo() {
         let l = Arc::new(Limiter::new(limits(Some(1), 2, 60_000, None)).unwrap());
-        let first = l.admit(std::future::pending::<()>()).await.unwrap();
+        let first = l.admit(std::future::pending::<()>).await.unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for i in 0..2 {
             let (waiter, tx) = (l.clone(), tx.clone());
             tokio::spawn(async move {
-                let a = waiter.admit(std::future::pending::<()>()).await;
+                let a = waiter.admit(std::future::pending::<()>).await;
                 tx.send((i, a.is_ok())).unwrap();
                 tokio::time::sleep(Duration::from_millis(10)).await;
             });
@@ -386,7 +392,7 @@ mod tests {
             }
         }
         assert_eq!(
-            l.admit(std::future::pending::<()>()).await.err(),
+            l.admit(std::future::pending::<()>).await.err(),
             Some(Refusal::QueueFull {
                 queuing_disabled: false
             })
@@ -399,13 +405,13 @@ mod tests {
     #[tokio::test]
     async fn a_queued_request_times_out_or_leaves() {
         let l = Limiter::new(limits(Some(1), 4, 50, None)).unwrap();
-        let _held = l.admit(std::future::pending::<()>()).await.unwrap();
+        let _held = l.admit(std::future::pending::<()>).await.unwrap();
         assert_eq!(
-            l.admit(std::future::pending::<()>()).await.err(),
+            l.admit(std::future::pending::<()>).await.err(),
             Some(Refusal::Timeout)
         );
         assert_eq!(
-            l.admit(std::future::ready(())).await.err(),
+            l.admit(|| std::future::ready(())).await.err(),
             Some(Refusal::ClientGone)
         );
         assert_eq!(l.waiting.load(Ordering::Acquire), 0);
@@ -414,9 +420,9 @@ mod tests {
     #[tokio::test]
     async fn no_queue_refuses_at_once() {
         let l = Limiter::new(limits(Some(1), 0, 1_000, None)).unwrap();
-        let _held = l.admit(std::future::pending::<()>()).await.unwrap();
+        let _held = l.admit(std::future::pending::<()>).await.unwrap();
         assert_eq!(
-            l.admit(std::future::pending::<()>()).await.err(),
+            l.admit(std::future::pending::<()>).await.err(),
             Some(Refusal::QueueFull {
                 queuing_disabled: true
             })
@@ -427,11 +433,11 @@ mod tests {
     async fn rate_waiters_are_paced() {
         let l = Limiter::new(limits(Some(2), 10, 60_000, Some(20))).unwrap();
         let t0 = Instant::now();
-        drop(l.admit(std::future::pending::<()>()).await.unwrap());
-        drop(l.admit(std::future::pending::<()>()).await.unwrap());
+        drop(l.admit(std::future::pending::<()>).await.unwrap());
+        drop(l.admit(std::future::pending::<()>).await.unwrap());
         assert!(l.rate.as_ref().unwrap().try_take().is_err(), "a burst of 2");
         // The third waits for the bucket: 20 per second is one per 50 ms.
-        drop(l.admit(std::future::pending::<()>()).await.unwrap());
+        drop(l.admit(std::future::pending::<()>).await.unwrap());
         let waited = t0.elapsed();
         assert!(waited >= Duration::from_millis(40), "{waited:?}");
     }

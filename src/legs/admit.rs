@@ -22,18 +22,10 @@ pub async fn claim(
     n: usize,
 ) -> Result<Option<Slots>, Attempt> {
     let n = u32::try_from(n).unwrap_or(u32::MAX);
-    let wait = settings.pd_admission_wait;
-    let decided = match admission::admit_now(decode, n, wait) {
-        Some(decided) => decided,
-        None => {
-            let client_gone = async {
-                let _ = session.read_body_or_idle(true).await;
-            };
-            // Boxed: the wait's state is built only for a dispatch that waits.
-            Box::pin(admission::wait_for_slots(decode, n, wait, client_gone)).await
-        }
+    let client_gone = move || async move {
+        let _ = session.read_body_or_idle(true).await;
     };
-    match decided {
+    match admission::admit(decode, n, settings.pd_admission_wait, client_gone).await {
         Ok(slots) => Ok(slots),
         Err(NotAdmitted::ClientGone) => Err(Attempt::ClientGone),
         Err(NotAdmitted::Shed) => Err(Attempt::Refused(shed_reply(

@@ -472,19 +472,15 @@ async fn admit(
     let Some(limiter) = gw.limiter.load_full() else {
         return Ok(None);
     };
-    if let Some(admitted) = limiter.admit_now() {
-        ctx.admission = Some(admitted);
-        return Ok(None);
-    }
-    let client_gone = async {
+    let watched = &mut *session;
+    let client_gone = move || async move {
         if body_read {
-            let _ = session.read_body_or_idle(true).await;
+            let _ = watched.read_body_or_idle(true).await;
         } else {
             std::future::pending::<()>().await;
         }
     };
-    // Boxed: the queue's state is built only for a request that waits.
-    let refusal = match Box::pin(limiter.queue(client_gone)).await {
+    let refusal = match limiter.admit(client_gone).await {
         Ok(admitted) => {
             ctx.admission = Some(admitted);
             return Ok(None);

@@ -68,14 +68,32 @@ pub enum NotAdmitted {
     ClientGone,
 }
 
-/// What [`admit_now`] decided without waiting, or `None`: the window is full and the request
-/// may wait ([`wait_for_slots`]).
-pub type Decided = Option<Result<Option<Slots>, NotAdmitted>>;
+/// Claims `n` slots on `decode` (none when it reports no window): at once when free, else after
+/// waiting up to `wait` while the future `client_gone` makes has not resolved. Counts the waits
+/// and the sheds.
+///
+/// The common case (no window, or free slots) is decided without a future; the waiting one, and
+/// `client_gone`'s, are built and boxed only for a request that waits, so the caller's future
+/// does not carry their size.
+pub async fn admit<F: Future<Output = ()>>(
+    decode: &Worker,
+    n: u32,
+    wait: Duration,
+    client_gone: impl FnOnce() -> F,
+) -> Result<Option<Slots>, NotAdmitted> {
+    match admit_now(decode, n, wait) {
+        Some(decided) => decided,
+        None => Box::pin(wait_for_slots(decode, n, wait, client_gone())).await,
+    }
+}
 
-/// Claims `n` slots on `decode` (none when it reports no window) when that needs no wait: the
-/// common case, with no future to build. Sheds at once a request larger than the window, or
-/// one that finds it full when `wait` is zero.
-pub fn admit_now(decode: &Worker, n: u32, wait: Duration) -> Decided {
+/// [`admit`] when it needs no wait: the slots, or a shed of a request larger than the window or
+/// of one that finds it full when `wait` is zero. `None`: the request may wait.
+fn admit_now(
+    decode: &Worker,
+    n: u32,
+    wait: Duration,
+) -> Option<Result<Option<Slots>, NotAdmitted>> {
     let Some(window) = decode.admission_window() else {
         return Some(Ok(None));
     };
@@ -93,23 +111,9 @@ pub fn admit_now(decode: &Worker, n: u32, wait: Duration) -> Decided {
     None
 }
 
-/// Claims `n` slots on `decode` (none when it reports no window): at once when free, else after
-/// waiting up to `wait` while `client_gone` has not resolved. Counts the waits and the sheds.
-pub async fn admit(
-    decode: &Worker,
-    n: u32,
-    wait: Duration,
-    client_gone: impl Future<Output = ()>,
-) -> Result<Option<Slots>, NotAdmitted> {
-    match admit_now(decode, n, wait) {
-        Some(decided) => decided,
-        None => wait_for_slots(decode, n, wait, client_gone).await,
-    }
-}
-
 /// The wait of a request [`admit_now`] left undecided: up to `wait` for `n` slots, while
 /// `client_gone` has not resolved.
-pub async fn wait_for_slots(
+async fn wait_for_slots(
     decode: &Worker,
     n: u32,
     wait: Duration,
