@@ -37,6 +37,13 @@ mkdir -p "$OUT/logs"
 http=http://127.0.0.1
 start_canned_pair instructions
 
+# load SECONDS JSON: the current build's gateway ($name on $port) loaded with stream $s.
+load() {
+  "$BIN/pdgate-bench" --threads 1 sweep --target "$name=$http:$port" --concurrency "$CONCURRENCY" \
+    --stream "$s" --prompt-bytes 1024 --duration "$1" --warmup 0 --json "$2" --markdown /dev/null \
+    >/dev/null 2>&1
+}
+
 rows=()
 port=$((PORT_BASE + 10))
 for build in "pdgate=$BIN/pdgate" $PDGATE_ALT; do
@@ -50,11 +57,6 @@ for build in "pdgate=$BIN/pdgate" $PDGATE_ALT; do
       "$PDGATE_TUNABLES" "$data" "$exe" >"$wrapper"
     chmod +x "$wrapper"
     GW_EXE=$wrapper start_pdgate "instructions-$name-$s" "$port" round_robin "$workers"
-    load() {
-      "$BIN/pdgate-bench" --threads 1 sweep --target "$name=$http:$port" --concurrency "$CONCURRENCY" \
-        --stream "$s" --prompt-bytes 1024 --duration "$1" --warmup 0 --json "$2" --markdown /dev/null \
-        >/dev/null 2>&1
-    }
     load 2 "$data-warmup.json"
     callgrind_control -z "$GW_PID" >/dev/null
     load "$DURATION" "$data.json"

@@ -3,7 +3,7 @@
 //! Why: `Box::pin(some_async_fn(args))` builds the future on the stack and copies all of it into
 //! the box. A future is as large as its largest state (the futures it awaits inline included),
 //! often 1–2 KiB, though at that point only its arguments are set: `gdb` on a loaded gateway
-//! counted ~18 KB of such copies in pdgate's own boxes per PD request, a `memmove` of each
+//! counted ~16.5 KB of such copies in pdgate's own boxes per PD request, a `memmove` of each
 //! whole future into memory the allocator had just handed out (bench/README, "Round 2,
 //! fourteenth part"). Allocating first and then calling the `async fn` lets the compiler build
 //! the future in the box: only its arguments and its state's tag are written.
