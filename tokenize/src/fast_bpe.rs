@@ -20,6 +20,8 @@ use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use foldhash::fast::RandomState;
+
 use serde_json::Value;
 
 /// The pre-tokenizer regexes this scanner reproduces (as `tokenizer.json` spells them).
@@ -46,21 +48,24 @@ pub(crate) struct FastBpe {
     /// The id of each byte's byte-level character.
     byte_ids: [u32; 256],
     /// `(left, right)` → `(rank, merged id)`.
-    merges: HashMap<(u32, u32), (u32, u32)>,
+    merges: HashMap<(u32, u32), (u32, u32), RandomState>,
     /// Llama 3: a word that is itself in the vocabulary is that one token.
-    ignore_merges: Option<HashMap<String, u32>>,
+    ignore_merges: Option<HashMap<String, u32, RandomState>>,
     /// Byte → its byte-level character.
     table: [char; 256],
     /// Distinguishes this tokenizer's words in the per-thread cache.
     id: usize,
 }
 
-/// One tokenizer's merged words.
-type Words = HashMap<Box<[u8]>, Box<[u32]>>;
+/// One tokenizer's merged words. Every word of every prompt is looked up here, so the hash is
+/// foldhash's (keyed per map from a per-process random seed, so a client cannot aim collisions
+/// at it): SipHash, std's default, was 27,000 instructions of a 1 KB gRPC request, ~140 a word
+/// (`bench/instructions.sh`, TRANSPORT=grpc).
+type Words = HashMap<Box<[u8]>, Box<[u32]>, RandomState>;
 
 thread_local! {
     /// Per thread, by tokenizer ([`FastBpe::id`]).
-    static WORDS: RefCell<HashMap<usize, Words>> = RefCell::new(HashMap::new());
+    static WORDS: RefCell<HashMap<usize, Words, RandomState>> = RefCell::new(HashMap::default());
 }
 
 impl FastBpe {
@@ -82,7 +87,7 @@ impl FastBpe {
         {
             return None;
         }
-        let vocab: HashMap<String, u32> = model["vocab"]
+        let vocab: HashMap<String, u32, RandomState> = model["vocab"]
             .as_object()?
             .iter()
             .map(|(k, v)| Some((k.clone(), u32::try_from(v.as_u64()?).ok()?)))
@@ -92,7 +97,7 @@ impl FastBpe {
         for (b, id) in byte_ids.iter_mut().enumerate() {
             *id = *vocab.get(&table[b].to_string())?;
         }
-        let mut merges = HashMap::new();
+        let mut merges = HashMap::default();
         for (rank, m) in model["merges"].as_array()?.iter().enumerate() {
             let (a, b) = match m {
                 Value::String(s) => s.split_once(' ')?,
@@ -231,26 +236,56 @@ fn pattern_of(pre: &Value) -> Option<Pattern> {
     }
 }
 
+/// A byte's regex class on ASCII, one bit of [`CLASS`]: `\p{L}`, `\p{N}`, `\s` (Unicode
+/// White_Space: tab, LF, VT, FF, CR, space), or `[^\s\p{L}\p{N}]` (every other byte; the
+/// scanner only sees ASCII). One table load per byte: the classes as functions passed by
+/// pointer were a call per byte.
+const LETTER: u8 = 1;
+const DIGIT: u8 = 2;
+const SPACE: u8 = 4;
+const OTHER: u8 = 8;
+
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = if c.is_ascii_alphabetic() {
+            LETTER
+        } else if c.is_ascii_digit() {
+            DIGIT
+        } else if matches!(c, b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ') {
+            SPACE
+        } else {
+            OTHER
+        };
+        b += 1;
+    }
+    t
+};
+
+#[inline(always)]
+fn is(class: u8, b: u8) -> bool {
+    CLASS[b as usize] & class != 0
+}
+
 fn is_letter(b: u8) -> bool {
-    b.is_ascii_alphabetic()
+    is(LETTER, b)
 }
 
 fn is_digit(b: u8) -> bool {
-    b.is_ascii_digit()
-}
-
-/// `\s` on ASCII (Unicode White_Space): tab, LF, VT, FF, CR, space.
-fn is_space(b: u8) -> bool {
-    matches!(b, b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ')
+    is(DIGIT, b)
 }
 
 /// `[^\s\p{L}\p{N}]` on ASCII.
 fn is_other(b: u8) -> bool {
-    !is_space(b) && !is_letter(b) && !is_digit(b)
+    is(OTHER, b)
 }
 
-fn run(s: &[u8], from: usize, class: fn(u8) -> bool) -> usize {
-    from + s[from..].iter().take_while(|&&b| class(b)).count()
+/// The end of the run of `class` bytes from `from`.
+#[inline(always)]
+fn run(s: &[u8], from: usize, class: u8) -> usize {
+    from + s[from..].iter().take_while(|&&b| is(class, b)).count()
 }
 
 /// The contraction at `i` (`'s`, `'t`, `'re`, `'ve`, `'m`, `'ll`, `'d`), its length.
@@ -271,7 +306,7 @@ fn contraction(s: &[u8], i: usize, any_case: bool) -> Option<usize> {
 
 /// The whitespace alternatives every pattern ends with: `\s+(?!\S)|\s+` at `i` (a space).
 fn trailing_space(s: &[u8], i: usize) -> usize {
-    let end = run(s, i, is_space);
+    let end = run(s, i, SPACE);
     if end == s.len() || end - i == 1 {
         end
     } else {
@@ -301,10 +336,9 @@ fn gpt2_at(s: &[u8], i: usize) -> usize {
     }
     let k = if s[i] == b' ' { i + 1 } else { i };
     if let Some(&b) = s.get(k) {
-        for class in [is_letter as fn(u8) -> bool, is_digit, is_other] {
-            if class(b) {
-                return run(s, k, class);
-            }
+        let class = CLASS[b as usize];
+        if class != SPACE {
+            return run(s, k, class);
         }
     }
     trailing_space(s, i)
@@ -319,21 +353,22 @@ fn llama_at(s: &[u8], i: usize, digits: usize) -> usize {
         return i + n;
     }
     if is_letter(b) {
-        return run(s, i, is_letter);
+        return run(s, i, LETTER);
     }
     let crlf = |b: u8| b == b'\r' || b == b'\n';
     if !crlf(b) && !is_digit(b) && s.get(i + 1).copied().is_some_and(is_letter) {
-        return run(s, i + 1, is_letter);
+        return run(s, i + 1, LETTER);
     }
     if is_digit(b) {
-        return (i + digits).min(run(s, i, is_digit));
+        return (i + digits).min(run(s, i, DIGIT));
     }
     let k = if b == b' ' { i + 1 } else { i };
     if s.get(k).copied().is_some_and(is_other) {
-        return run(s, run(s, k, is_other), crlf);
+        let end = run(s, k, OTHER);
+        return end + s[end..].iter().take_while(|&&b| crlf(b)).count();
     }
     // `\s*[\r\n]+`: the whitespace run up to its last CR or LF.
-    let end = run(s, i, is_space);
+    let end = run(s, i, SPACE);
     if let Some(last) = s[i..end].iter().rposition(|&b| crlf(b)) {
         return i + last + 1;
     }
