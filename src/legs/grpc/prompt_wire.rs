@@ -18,7 +18,7 @@
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 
-use bytes::{BufMut, Bytes};
+use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{encode_varint, encoded_len_varint as varint_len};
 use prost::Message;
 use tonic::codec::{Codec, EncodeBuf, Encoder};
@@ -57,33 +57,45 @@ impl PromptWire {
 
 /// `tokenized { input_ids: ids }` (empty `original_text`, which proto3 leaves out) as a
 /// `GenerateRequest` field: key, length, and the nested message's packed ids.
+///
+/// One pass over the ids: they are written first, after room for the two heads (at most
+/// [`HEADS`] bytes), and the heads, whose lengths are known only then, are written right-aligned
+/// before them; the returned `Bytes` starts at the first head. (A pass to size the ids first
+/// was a sixth of this function.)
 fn encode_tokenized(ids: &[u32], field: IdsField) -> Bytes {
-    let packed: usize = ids.iter().map(|&id| varint_len(u64::from(id))).sum();
-    // proto3 writes no packed field for an empty list.
-    let inner = if ids.is_empty() {
-        0
-    } else {
-        1 + varint_len(packed as u64) + packed
-    };
-    let mut out = Vec::with_capacity(1 + varint_len(inner as u64) + inner);
-    out.push(TOKENIZED_KEY);
-    encode_varint(inner as u64, &mut out);
-    if !ids.is_empty() {
-        out.push((field as u8) << 3 | 2);
-        encode_varint(packed as u64, &mut out);
-        // The ids in a plain loop into reserved room: prost's `encode_varint` goes through
-        // `BufMut` per byte (its share of the gRPC CPU at c=64: 2.1% → 1.4% this way).
-        for &id in ids {
-            let mut v = id;
-            while v >= 0x80 {
-                out.push(v as u8 | 0x80);
-                v >>= 7;
-            }
-            out.push(v as u8);
-        }
+    if ids.is_empty() {
+        // proto3 writes no packed field for an empty list: an empty `TokenizedInput`.
+        return Bytes::from_static(&[TOKENIZED_KEY, 0]);
     }
-    Bytes::from(out)
+    let mut out = Vec::with_capacity(HEADS + 5 * ids.len());
+    out.resize(HEADS, 0);
+    // The ids in a plain loop: prost's `encode_varint` goes through `BufMut` per byte.
+    for &id in ids {
+        let mut v = id;
+        while v >= 0x80 {
+            out.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    let packed = out.len() - HEADS;
+    let inner = 1 + varint_len(packed as u64) + packed;
+    let mut heads = [0u8; HEADS];
+    let mut h = &mut heads[..];
+    h.put_u8(TOKENIZED_KEY);
+    encode_varint(inner as u64, &mut h);
+    h.put_u8((field as u8) << 3 | 2);
+    encode_varint(packed as u64, &mut h);
+    let len = HEADS - h.len();
+    let start = HEADS - len;
+    out[start..HEADS].copy_from_slice(&heads[..len]);
+    let mut wire = Bytes::from(out);
+    wire.advance(start);
+    wire
 }
+
+/// The two heads before the ids at most: two keys and two 10-byte varint lengths.
+const HEADS: usize = 22;
 
 /// A leg's request: its message (without the prompt field) and the shared prompt bytes to
 /// append (empty when the message carries its own input).
