@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/instructions.sh — user-space instructions per request of one or more pdgate builds,
 # counted by valgrind's callgrind on the canned-fast engines (run.sh's), small chat, non-streamed
-# and streamed.
+# and streamed; with TRANSPORT=grpc, on two gRPC SGLang mocks answering at once (run.sh's
+# grpc-canned engines), the gateway tokenizing with `pdgate-bench write-model`'s model.
 #
 # Like allocs.sh and syscalls.sh, a count that does not move with the machine's load: a change
 # worth 2–3% of a request's CPU is inside the noise of a CPU-time A/B on this VM (run.sh's rounds
@@ -13,8 +14,9 @@
 #   PDGATE_ALT='before=/tmp/pdgate-before/pdgate' bench/instructions.sh
 #
 # Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), PDGATE_ALT ("NAME=PATH …", more
-# builds), CONCURRENCY (default 16), STREAM (default off,on), DURATION (8 s per point),
-# PORT_BASE (default 25000), OUT (default bench/results; writes instructions.md, logs/ under it).
+# builds), TRANSPORT (http, the default, or grpc), CONCURRENCY (default 16), STREAM (default
+# off,on), DURATION (8 s per point), PORT_BASE (default 25000), OUT (default bench/results;
+# writes instructions.md — instructions-grpc.md with TRANSPORT=grpc — and logs/ under it).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,6 +28,7 @@ PDGATE_ALT=${PDGATE_ALT:-}
 CONCURRENCY=${CONCURRENCY:-16}
 STREAM=${STREAM:-off,on}
 DURATION=${DURATION:-8}
+TRANSPORT=${TRANSPORT:-http}
 
 LOG_TAG=instructions
 # shellcheck source=bench/lib.sh
@@ -35,7 +38,20 @@ command -v valgrind >/dev/null || die "valgrind not installed (apt-get install v
 build_binaries
 mkdir -p "$OUT/logs"
 http=http://127.0.0.1
-start_canned_pair instructions
+extra=
+case $TRANSPORT in
+  http) start_canned_pair instructions ;;
+  grpc)
+    MODEL_DIR=$OUT/logs/instructions-model
+    write_model
+    for i in 2 3; do
+      start_grpc_mock "instructions-engine-$i" $((PORT_BASE + i)) $((PORT_BASE + i + 4)) 0 0
+    done
+    workers="$(worker_yaml "grpc://127.0.0.1:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "grpc://127.0.0.1:$((PORT_BASE + 3))" decode)"
+    extra="  model_path: $MODEL_DIR"
+    ;;
+  *) die "TRANSPORT is http or grpc, not $TRANSPORT" ;;
+esac
 
 # load SECONDS JSON: the current build's gateway ($name on $port) loaded with stream $s.
 load() {
@@ -50,13 +66,13 @@ for build in "pdgate=$BIN/pdgate" $PDGATE_ALT; do
   name=${build%%=*}
   exe=${build#*=}
   for s in ${STREAM//,/ }; do
-    data=$OUT/logs/instructions-$name-$s
+    data=$OUT/logs/instructions-$TRANSPORT-$name-$s
     rm -f "$data".cg*
     wrapper=$data-callgrind.sh
     printf '#!/bin/sh\nexport GLIBC_TUNABLES=%s\nexec valgrind --tool=callgrind --callgrind-out-file=%s.cg %s "$@"\n' \
       "$PDGATE_TUNABLES" "$data" "$exe" >"$wrapper"
     chmod +x "$wrapper"
-    GW_EXE=$wrapper start_pdgate "instructions-$name-$s" "$port" round_robin "$workers"
+    GW_EXE=$wrapper start_pdgate "instructions-$TRANSPORT-$name-$s" "$port" round_robin "$workers" "$extra"
     load 2 "$data-warmup.json"
     callgrind_control -z "$GW_PID" >/dev/null
     load "$DURATION" "$data.json"
@@ -72,12 +88,13 @@ for build in "pdgate=$BIN/pdgate" $PDGATE_ALT; do
 done
 
 md=$OUT/instructions.md
+[[ $TRANSPORT == http ]] || md=$OUT/instructions-$TRANSPORT.md
 commit="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (dirty tree)')"
 {
   echo "# User-space instructions per request (bench/instructions.sh)"
   echo
   echo "$(date -u +%FT%TZ) — commit $commit; builds: pdgate=$BIN/pdgate $PDGATE_ALT;" \
-    "c=$CONCURRENCY, 1 KB chat, canned engines, ${DURATION} s under callgrind per point."
+    "c=$CONCURRENCY, 1 KB chat, $TRANSPORT, canned engines, ${DURATION} s under callgrind per point."
   echo
   python3 "$ROOT/bench/instructions.py" "${rows[@]}"
 } >"$md"

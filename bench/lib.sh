@@ -1,4 +1,4 @@
-# bench/lib.sh — sourced by run.sh and policy.sh: logging, the processes a script starts (all
+# bench/lib.sh — sourced by the bench scripts: logging, the processes a script starts (all
 # stopped by pid on exit), readiness polling, the release build, and pdgate's generated config.
 # Expects ROOT, OUT and BIN to be set; LOG_TAG names the script in log lines.
 
@@ -109,4 +109,40 @@ start_canned_pair() {
 # worker_yaml URL TYPE [BOOTSTRAP_PORT]: one `workers:` entry.
 worker_yaml() {
   printf '    - {url: %s, worker_type: %s%s}\n' "$1" "$2" "${3:+, bootstrap_port: $3}"
+}
+
+# start_pd_pdgate NAME PORT PREFILL_URL BOOTSTRAP DECODE_URL [EXTRA_YAML]: pdgate on one prefill +
+# one decode (GW_EXE, when set, is the pdgate binary); sets GW_PID.
+start_pd_pdgate() {
+  start_pdgate "$1" "$2" round_robin \
+    "$(worker_yaml "$3" prefill "$4"; worker_yaml "$5" decode)" "${6:-}"
+}
+
+# start_grpc_mock NAME PORT CONTROL_PORT TTFT ITL: a `both` gRPC SGLang mock emitting the model
+# directory's word pieces (GRPC_OUTPUT_IDS, GRPC_EOS_ID: write_model's); /mock/* on
+# CONTROL_PORT; sets MOCK_PID.
+# It reports MODEL_DIR as its `tokenizer_path` (GetModelInfo), as an engine reports its model's:
+# SMG loads the tokenizer of a worker's served model from there (its --model-path registers the
+# tokenizer under the path's name, not the served model's), else from the Hugging Face hub or the
+# GetTokenizer RPC, which the mock does not serve.
+start_grpc_mock() {
+  local name=$1 port=$2 ctl=$3 ttft=$4 itl=$5
+  port_free "$port" || die "port $port is busy (set PORT_BASE)"
+  port_free "$ctl" || die "port $ctl is busy (set PORT_BASE)"
+  "$BIN/mock-engine" --transport grpc --engine sglang --role both --host 127.0.0.1 --port "$port" \
+    --control-port "$ctl" --output-ids "$GRPC_OUTPUT_IDS" --eos-ids "$GRPC_EOS_ID" \
+    --tokenizer-path "$MODEL_DIR" \
+    --ttft-ms "$ttft" --itl-ms "$itl" --max-model-len 1000000 --max-running-requests 100000 \
+    >"$OUT/logs/$name.log" 2>&1 &
+  MOCK_PID=$!
+  PIDS+=("$MOCK_PID")
+  wait_http "http://127.0.0.1:$ctl/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
+}
+
+# write_model: the gRPC gateway's tokenizer and chat template in MODEL_DIR (`pdgate-bench
+# write-model`); sets GRPC_OUTPUT_IDS and GRPC_EOS_ID, the word pieces the gRPC mocks emit.
+write_model() {
+  local model_line
+  model_line=$("$BIN/pdgate-bench" write-model "$MODEL_DIR") || die "pdgate-bench write-model failed"
+  read -r GRPC_OUTPUT_IDS GRPC_EOS_ID <<<"$model_line"
 }

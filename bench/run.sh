@@ -147,26 +147,6 @@ smg_peer() {
   PEER_NAME=${PEER_NAME:-smg}
 }
 
-# start_grpc_mock NAME PORT CONTROL_PORT TTFT ITL: a `both` gRPC SGLang mock emitting the model
-# directory's word pieces (GRPC_OUTPUT_IDS, GRPC_EOS_ID); /mock/* on CONTROL_PORT; sets MOCK_PID.
-# It reports MODEL_DIR as its `tokenizer_path` (GetModelInfo), as an engine reports its model's:
-# SMG loads the tokenizer of a worker's served model from there (its --model-path registers the
-# tokenizer under the path's name, not the served model's), else from the Hugging Face hub or the
-# GetTokenizer RPC, which the mock does not serve.
-start_grpc_mock() {
-  local name=$1 port=$2 ctl=$3 ttft=$4 itl=$5
-  port_free "$port" || die "port $port is busy (set PORT_BASE)"
-  port_free "$ctl" || die "port $ctl is busy (set PORT_BASE)"
-  "$BIN/mock-engine" --transport grpc --engine sglang --role both --host 127.0.0.1 --port "$port" \
-    --control-port "$ctl" --output-ids "$GRPC_OUTPUT_IDS" --eos-ids "$GRPC_EOS_ID" \
-    --tokenizer-path "$MODEL_DIR" \
-    --ttft-ms "$ttft" --itl-ms "$itl" --max-model-len 1000000 --max-running-requests 100000 \
-    >"$OUT/logs/$name.log" 2>&1 &
-  MOCK_PID=$!
-  PIDS+=("$MOCK_PID")
-  wait_http "http://127.0.0.1:$ctl/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
-}
-
 # start_floor NAME PORT PREFILL_PORT BOOTSTRAP DECODE_PORT: `pdgate-bench floor-proxy`, the least a
 # PD gateway can do per request (bench/src/floor.rs), on the gateways' engines; sets FLOOR_PID.
 # With a sixth argument (`--pingora`), the same floor inside Pingora's ProxyHttp
@@ -181,13 +161,6 @@ start_floor() {
   wait_http "http://127.0.0.1:$port/v1/chat/completions" \
     '{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' \
     || die "floor-proxy did not answer (see $OUT/logs/$name.log)"
-}
-
-# start_pd_pdgate NAME PORT PREFILL_URL BOOTSTRAP DECODE_URL [EXTRA_YAML]: pdgate on one prefill +
-# one decode (GW_EXE, when set, is the pdgate binary); sets GW_PID.
-start_pd_pdgate() {
-  start_pdgate "$1" "$2" round_robin \
-    "$(worker_yaml "$3" prefill "$4"; worker_yaml "$5" decode)" "${6:-}"
 }
 
 # alt_yaml BASE: sets ALT_EXTRA to PDGATE_ALT_YAML with its collector placeholders resolved (and
@@ -241,9 +214,7 @@ NOFILE=$(ulimit -n)
 rm -f "$OUT/sweep.jsonl" "$OUT/hold.jsonl" "$OUT"/sweep-*.jsonl "$OUT/ratio.md"
 case " $MODES " in
   *" grpc-"*)
-    # The gateway's tokenizer and chat template; the gRPC mocks emit this model's word pieces.
-    model_line=$("$BIN/pdgate-bench" write-model "$MODEL_DIR") || die "pdgate-bench write-model failed"
-    read -r GRPC_OUTPUT_IDS GRPC_EOS_ID <<<"$model_line"
+    write_model
     ;;
 esac
 

@@ -51,21 +51,13 @@ case $TRANSPORT in
     scheme=http
     ;;
   grpc)
-    model=$OUT/logs/together-model
-    read -r ids eos <<<"$("$BIN/pdgate-bench" write-model "$model")" || die "write-model failed"
+    MODEL_DIR=$OUT/logs/together-model
+    write_model
     for i in 2 3; do
-      port_free $((PORT_BASE + i)) || die "port $((PORT_BASE + i)) is busy (set PORT_BASE)"
-      port_free $((PORT_BASE + i + 4)) || die "port $((PORT_BASE + i + 4)) is busy (set PORT_BASE)"
-      "$BIN/mock-engine" --transport grpc --engine sglang --role both --host 127.0.0.1 \
-        --port $((PORT_BASE + i)) --control-port $((PORT_BASE + i + 4)) --output-ids "$ids" \
-        --eos-ids "$eos" --tokenizer-path "$model" --ttft-ms 0 --itl-ms 0 \
-        --max-model-len 1000000 --max-running-requests 100000 \
-        >"$OUT/logs/together-engine-$i.log" 2>&1 &
-      PIDS+=("$!")
-      wait_http "$http:$((PORT_BASE + i + 4))/health" || die "engine did not start"
+      start_grpc_mock "together-engine-$i" $((PORT_BASE + i)) $((PORT_BASE + i + 4)) 0 0
     done
     scheme=grpc
-    extra="  model_path: $model"
+    extra="  model_path: $MODEL_DIR"
     ;;
   *) die "TRANSPORT is http or grpc, not $TRANSPORT" ;;
 esac
