@@ -102,11 +102,13 @@ pub struct Complete {
     pub media_identity: Option<Box<pdgate_proto::vllm::MediaIdentity>>,
 }
 
-/// One response message.
+/// One response message. The `Complete`, once per stream and twice a `Chunk`'s size, is boxed:
+/// every message is moved up through the stream, the leg and the relay, and each move copies
+/// the enum whole.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Message {
     Chunk(Chunk),
-    Complete(Complete),
+    Complete(Box<Complete>),
 }
 
 /// A `Generate` response stream.
@@ -330,7 +332,7 @@ macro_rules! engine_msg {
                     cached_tokens: c.cached_tokens,
                     logprobs: logprobs_of!(c.output_logprobs),
                 }),
-                Response::Complete($c) => Message::Complete(Complete {
+                Response::Complete($c) => Message::Complete(Box::new(Complete {
                     index: $c.index,
                     kv_transfer_params_json: $kv,
                     media_identity: $identity,
@@ -344,7 +346,7 @@ macro_rules! engine_msg {
                     completion_tokens: $c.completion_tokens,
                     cached_tokens: $c.cached_tokens,
                     logprobs: logprobs_of!($c.output_logprobs),
-                }),
+                })),
             }
         }
     };
