@@ -42,13 +42,8 @@ extra=
 case $TRANSPORT in
   http) start_canned_pair instructions ;;
   grpc)
-    MODEL_DIR=$OUT/logs/instructions-model
-    write_model
-    for i in 2 3; do
-      start_grpc_mock "instructions-engine-$i" $((PORT_BASE + i)) $((PORT_BASE + i + 4)) 0 0
-    done
-    workers="$(worker_yaml "grpc://127.0.0.1:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "grpc://127.0.0.1:$((PORT_BASE + 3))" decode)"
-    extra="  model_path: $MODEL_DIR"
+    start_grpc_pair instructions
+    extra=$model_yaml
     ;;
   *) die "TRANSPORT is http or grpc, not $TRANSPORT" ;;
 esac

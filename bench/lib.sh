@@ -146,3 +146,18 @@ write_model() {
   model_line=$("$BIN/pdgate-bench" write-model "$MODEL_DIR") || die "pdgate-bench write-model failed"
   read -r GRPC_OUTPUT_IDS GRPC_EOS_ID <<<"$model_line"
 }
+
+# start_grpc_pair TAG: start_canned_pair's gRPC counterpart: write_model into
+# $OUT/logs/TAG-model and two gRPC SGLang mocks answering at once on PORT_BASE+2 (prefill) and
+# PORT_BASE+3 (decode), control ports PORT_BASE+6 / +7; sets `workers` and `model_yaml` (the
+# gateway's `model_path:` line).
+start_grpc_pair() {
+  local i
+  MODEL_DIR=$OUT/logs/$1-model
+  write_model
+  for i in 2 3; do
+    start_grpc_mock "$1-engine-$i" $((PORT_BASE + i)) $((PORT_BASE + i + 4)) 0 0
+  done
+  workers="$(worker_yaml "grpc://127.0.0.1:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "grpc://127.0.0.1:$((PORT_BASE + 3))" decode)"
+  model_yaml="  model_path: $MODEL_DIR"
+}

@@ -51,13 +51,9 @@ case $TRANSPORT in
     scheme=http
     ;;
   grpc)
-    MODEL_DIR=$OUT/logs/together-model
-    write_model
-    for i in 2 3; do
-      start_grpc_mock "together-engine-$i" $((PORT_BASE + i)) $((PORT_BASE + i + 4)) 0 0
-    done
+    start_grpc_pair together
     scheme=grpc
-    extra="  model_path: $MODEL_DIR"
+    extra=$model_yaml
     ;;
   *) die "TRANSPORT is http or grpc, not $TRANSPORT" ;;
 esac
