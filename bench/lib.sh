@@ -129,14 +129,21 @@ start_grpc_mock() {
   local name=$1 port=$2 ctl=$3 ttft=$4 itl=$5
   port_free "$port" || die "port $port is busy (set PORT_BASE)"
   port_free "$ctl" || die "port $ctl is busy (set PORT_BASE)"
-  "$BIN/mock-engine" --transport grpc --engine sglang --role both --host 127.0.0.1 --port "$port" \
-    --control-port "$ctl" --output-ids "$GRPC_OUTPUT_IDS" --eos-ids "$GRPC_EOS_ID" \
-    --tokenizer-path "$MODEL_DIR" \
-    --ttft-ms "$ttft" --itl-ms "$itl" --max-model-len 1000000 --max-running-requests 100000 \
-    >"$OUT/logs/$name.log" 2>&1 &
+  run_mock "$name" "http://127.0.0.1:$ctl/health" --transport grpc --engine sglang --role both \
+    --host 127.0.0.1 --port "$port" --control-port "$ctl" --output-ids "$GRPC_OUTPUT_IDS" \
+    --eos-ids "$GRPC_EOS_ID" --tokenizer-path "$MODEL_DIR" --ttft-ms "$ttft" --itl-ms "$itl" \
+    --max-model-len 1000000 --max-running-requests 100000
+}
+
+# run_mock NAME HEALTH_URL ARGS…: `mock-engine ARGS…` logging to $OUT/logs/NAME.log, until
+# HEALTH_URL answers; sets MOCK_PID.
+run_mock() {
+  local name=$1 health=$2
+  shift 2
+  "$BIN/mock-engine" "$@" >"$OUT/logs/$name.log" 2>&1 &
   MOCK_PID=$!
   PIDS+=("$MOCK_PID")
-  wait_http "http://127.0.0.1:$ctl/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
+  wait_http "$health" || die "mock $name did not start (see $OUT/logs/$name.log)"
 }
 
 # write_model: the gRPC gateway's tokenizer and chat template in MODEL_DIR (`pdgate-bench

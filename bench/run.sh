@@ -119,12 +119,9 @@ source "$ROOT/bench/lib.sh"
 start_mock() {
   local name=$1 port=$2 ttft=$3 itl=$4
   port_free "$port" || die "port $port is busy (set PORT_BASE)"
-  "$BIN/mock-engine" --engine sglang --role both --host 127.0.0.1 --port "$port" \
-    --ttft-ms "$ttft" --itl-ms "$itl" --max-model-len 1000000 --max-running-requests 100000 \
-    >"$OUT/logs/$name.log" 2>&1 &
-  MOCK_PID=$!
-  PIDS+=("$MOCK_PID")
-  wait_http "http://127.0.0.1:$port/health" || die "mock $name did not start (see $OUT/logs/$name.log)"
+  run_mock "$name" "http://127.0.0.1:$port/health" --engine sglang --role both --host 127.0.0.1 \
+    --port "$port" --ttft-ms "$ttft" --itl-ms "$itl" --max-model-len 1000000 \
+    --max-running-requests 100000
 }
 
 # smg_peer: when no PEER_CMD is given, SMG $SMG_VERSION from SMG_VENV (installed there with pip
