@@ -102,9 +102,9 @@ pub struct Complete {
     pub media_identity: Option<Box<pdgate_proto::vllm::MediaIdentity>>,
 }
 
-/// One response message. The `Complete`, once per stream and twice a `Chunk`'s size, is boxed:
-/// every message is moved up through the stream, the leg and the relay, and each move copies
-/// the enum whole.
+/// One response message. The `Complete` (once a stream, and the larger variant: its strings
+/// and its ids besides a `Chunk`'s fields) is boxed: every message is moved up through the
+/// stream, the leg and the relay, and each move copies the enum whole.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Message {
     Chunk(Chunk),

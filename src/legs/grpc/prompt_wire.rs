@@ -60,8 +60,8 @@ impl PromptWire {
 ///
 /// One pass over the ids: they are written first, after room for the two heads (at most
 /// [`HEADS`] bytes), and the heads, whose lengths are known only then, are written right-aligned
-/// before them; the returned `Bytes` starts at the first head. (A pass to size the ids first
-/// was a sixth of this function.)
+/// before them; the returned `Bytes` starts at the first head. (A first pass that sized the ids
+/// was a sixth of this function's instructions.)
 fn encode_tokenized(ids: &[u32], field: IdsField) -> Bytes {
     if ids.is_empty() {
         // proto3 writes no packed field for an empty list: an empty `TokenizedInput`.
