@@ -17,6 +17,7 @@ pub mod framing;
 pub mod handoff;
 pub mod json;
 pub mod logprobs;
+pub mod prehashed;
 pub mod route;
 pub mod routing_text;
 pub mod shape;

@@ -10,12 +10,12 @@
 //! connection is the likeliest to be alive.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use pdgate_filters::prehashed::BuildPrehashed;
 use pingora::protocols::Stream;
 use tokio::io::{AsyncRead, ReadBuf};
 
@@ -33,31 +33,10 @@ pub struct Pool {
 
 #[derive(Default)]
 struct Parked {
-    by_peer: HashMap<u64, Vec<Idle>, BuildHasherDefault<KeyIsHash>>,
+    /// The key is already a hash of the peer (computed once per worker), used as it is.
+    by_peer: HashMap<u64, Vec<Idle>, BuildPrehashed>,
     /// Sum of the lists' lengths.
     count: usize,
-}
-
-/// The map's hasher: a peer's key is already a hash of the peer (SipHash, computed once per
-/// worker), so it is used as it is instead of being hashed again on every take and put.
-#[derive(Default)]
-struct KeyIsHash(u64);
-
-impl Hasher for KeyIsHash {
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `u64` keys are hashed here (`write_u64`); anything else still spreads.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = key;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 impl Pool {

@@ -22,10 +22,11 @@
 //! path of [`crate::fast_bpe`], else the library), whichever of them this tokenizer has.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use pdgate_filters::prehashed::BuildPrehashed;
 
 use crate::fast_bpe::FastBpe;
 
@@ -284,7 +285,7 @@ struct Bounded {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
+    map: HashMap<u64, Entry, BuildPrehashed>,
     /// Keys in insertion order; each key of `map` appears once.
     order: VecDeque<u64>,
     used: usize,
@@ -373,24 +374,6 @@ impl Bounded {
     fn counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (self.hits.load(Relaxed), self.misses.load(Relaxed))
-    }
-}
-
-/// The map's hasher for keys that are already hashes.
-#[derive(Default)]
-struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
     }
 }
 
