@@ -81,28 +81,25 @@ pub async fn admit<F: Future<Output = ()>>(
     wait: Duration,
     client_gone: impl FnOnce() -> F,
 ) -> Result<Option<Slots>, NotAdmitted> {
-    match admit_now(decode, n, wait) {
+    let Some(window) = decode.admission_window() else {
+        return Ok(None);
+    };
+    let decided = match admit_now(window, n, wait) {
         Some(decided) => decided,
-        None => Box::pin(wait_for_slots(decode, n, wait, client_gone())).await,
-    }
+        None => Box::pin(wait_for_slots(window, n, wait, client_gone())).await,
+    };
+    decided.map(Some)
 }
 
 /// [`admit`] when it needs no wait: the slots, or a shed of a request larger than the window or
 /// of one that finds it full when `wait` is zero. `None`: the request may wait.
-fn admit_now(
-    decode: &Worker,
-    n: u32,
-    wait: Duration,
-) -> Option<Result<Option<Slots>, NotAdmitted>> {
-    let Some(window) = decode.admission_window() else {
-        return Some(Ok(None));
-    };
+fn admit_now(window: &Window, n: u32, wait: Duration) -> Option<Result<Slots, NotAdmitted>> {
     if n > window.size {
         METRICS.pd_admission_sheds.inc();
         return Some(Err(NotAdmitted::Shed));
     }
     if let Ok(slots) = window.slots.clone().try_acquire_many_owned(n) {
-        return Some(Ok(Some(slots)));
+        return Some(Ok(slots));
     }
     if wait.is_zero() {
         METRICS.pd_admission_sheds.inc();
@@ -111,17 +108,14 @@ fn admit_now(
     None
 }
 
-/// The wait of a request [`admit_now`] left undecided: up to `wait` for `n` slots, while
-/// `client_gone` has not resolved.
+/// The wait of a request [`admit_now`] left undecided: up to `wait` for `n` slots of `window`,
+/// while `client_gone` has not resolved.
 async fn wait_for_slots(
-    decode: &Worker,
+    window: &Window,
     n: u32,
     wait: Duration,
     client_gone: impl Future<Output = ()>,
-) -> Result<Option<Slots>, NotAdmitted> {
-    let Some(window) = decode.admission_window() else {
-        return Ok(None);
-    };
+) -> Result<Slots, NotAdmitted> {
     let acquire = window.slots.clone().acquire_many_owned(n);
     window.waiting.fetch_add(1, Ordering::Relaxed);
     struct Waiting<'a>(&'a AtomicU32);
@@ -139,7 +133,7 @@ async fn wait_for_slots(
         slots = acquire => match slots {
             Ok(slots) => {
                 METRICS.pd_admission_waits.inc();
-                Ok(Some(slots))
+                Ok(slots)
             }
             // The semaphore is never closed.
             Err(_) => Err(NotAdmitted::Shed),
