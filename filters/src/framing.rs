@@ -106,8 +106,8 @@ impl BodyDecoder {
     /// when `buf` holds no payload yet). Incomplete framing stays in `buf` for the next call.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Bytes, FramingError> {
         let mut out = Collect::default();
-        self.run(buf, &mut out)?;
-        Ok(out.finish())
+        let used = self.run(buf, &mut out)?;
+        Ok(out.finish(buf, used))
     }
 
     /// Like [`BodyDecoder::decode`], but the payload is dropped instead of handed out: how many
@@ -115,69 +115,64 @@ impl BodyDecoder {
     /// nothing is split off the buffer or joined.
     pub fn skip(&mut self, buf: &mut BytesMut) -> Result<usize, FramingError> {
         let mut skipped = 0usize;
-        self.run(buf, &mut skipped)?;
+        let used = self.run(buf, &mut skipped)?;
+        buf.advance(used);
         Ok(skipped)
     }
 
-    fn run(&mut self, buf: &mut BytesMut, out: &mut impl Payload) -> Result<(), FramingError> {
+    /// Walks the framing and payload at the front of `buf`, telling `out` where each run of
+    /// payload lies, and returns how many bytes it consumed (framing and payload). The buffer
+    /// itself is left for the caller to cut once: a read of many small chunks (an SSE burst)
+    /// costs one cut, not three a chunk.
+    fn run(&mut self, buf: &[u8], out: &mut impl Payload) -> Result<usize, FramingError> {
+        let mut at = 0usize;
         loop {
+            let rest = &buf[at..];
             match self.state {
                 State::Done => break,
                 State::UntilClose => {
-                    if buf.is_empty() {
-                        break;
-                    }
-                    out.take(buf, buf.len());
+                    out.take(buf, at, rest.len());
+                    at = buf.len();
                     break;
                 }
-                State::Remaining(n) => {
-                    if buf.is_empty() {
+                State::Remaining(n) | State::Data(n) => {
+                    if rest.is_empty() {
                         break;
                     }
-                    let take = take_len(n, buf.len());
-                    out.take(buf, take);
+                    let take = take_len(n, rest.len());
+                    out.take(buf, at, take);
+                    at += take;
                     let left = n - take as u64;
-                    self.state = if left == 0 {
-                        State::Done
-                    } else {
-                        State::Remaining(left)
+                    let chunked = matches!(self.state, State::Data(_));
+                    self.state = match (left, chunked) {
+                        (0, false) => State::Done,
+                        (0, true) => State::DataEnd,
+                        (left, false) => State::Remaining(left),
+                        (left, true) => State::Data(left),
                     };
                     if left != 0 {
                         break;
                     }
                 }
-                State::Data(n) => {
-                    if buf.is_empty() {
-                        break;
-                    }
-                    let take = take_len(n, buf.len());
-                    out.take(buf, take);
-                    let left = n - take as u64;
-                    if left != 0 {
-                        self.state = State::Data(left);
-                        break;
-                    }
-                    self.state = State::DataEnd;
-                }
                 State::DataEnd => {
-                    if buf.len() < 2 {
-                        if buf.first().is_some_and(|&b| b != b'\r') {
+                    if rest.len() < 2 {
+                        if rest.first().is_some_and(|&b| b != b'\r') {
                             return Err(FramingError::MissingCrlf);
                         }
                         break;
                     }
-                    if &buf[..2] != b"\r\n" {
+                    if &rest[..2] != b"\r\n" {
                         return Err(FramingError::MissingCrlf);
                     }
-                    buf.advance(2);
+                    at += 2;
                     self.state = State::Size;
                 }
                 State::Size => {
-                    let Some(end) = find_crlf(buf, MAX_LINE)? else {
+                    let Some(end) = find_crlf(rest, MAX_LINE)? else {
                         break;
                     };
-                    let size = parse_chunk_size(&buf[..end])?;
-                    buf.advance(end + 2);
+                    let size = parse_chunk_size(&rest[..end])?;
+                    at += end + 2;
                     self.state = if size == 0 {
                         State::Trailers(0)
                     } else {
@@ -185,14 +180,14 @@ impl BodyDecoder {
                     };
                 }
                 State::Trailers(seen) => {
-                    let Some(end) = find_crlf(buf, MAX_LINE)? else {
+                    let Some(end) = find_crlf(rest, MAX_LINE)? else {
                         break;
                     };
                     let seen = seen + end + 2;
                     if seen > MAX_TRAILERS {
                         return Err(FramingError::LineTooLong);
                     }
-                    buf.advance(end + 2);
+                    at += end + 2;
                     self.state = if end == 0 {
                         State::Done
                     } else {
@@ -201,7 +196,7 @@ impl BodyDecoder {
                 }
             }
         }
-        Ok(())
+        Ok(at)
     }
 
     /// The connection reached end of file: `Ok` when that ends the body (`UntilClose`, or it
@@ -221,57 +216,66 @@ fn take_len(want: u64, have: usize) -> usize {
     usize::try_from(want).map_or(have, |w| w.min(have))
 }
 
-/// Where the decoder puts the payload it consumes: `take` removes `n` payload bytes from the
-/// front of `buf` (framing bytes are removed by the decoder itself, with `advance`, which never
-/// allocates).
+/// Where the decoder puts the payload it finds: `take` is told that the `n` bytes of `buf` at
+/// `at` are payload (the decoder cuts the buffer once, after the walk).
 trait Payload {
-    fn take(&mut self, buf: &mut BytesMut, n: usize);
+    fn take(&mut self, buf: &[u8], at: usize, n: usize);
 }
 
-/// The payload handed out: the first piece is kept as split off the buffer (no copy when a read
-/// holds one chunk); from the second on they are joined, in one buffer sized for everything that
-/// can still come out of this read, so a read of many small chunks (an SSE burst) is joined
-/// without regrowing.
+/// The payload handed out: a single run is split off the buffer (no copy when a read holds one
+/// chunk); from the second run on they are joined, in one buffer sized for everything that can
+/// still come out of this read, so a read of many small chunks (an SSE burst) is joined without
+/// regrowing.
 #[derive(Default)]
 struct Collect {
-    first: Option<Bytes>,
+    /// The first run: where it starts in the buffer, and its length.
+    first: Option<(usize, usize)>,
     joined: Option<BytesMut>,
 }
 
 impl Payload for Collect {
-    fn take(&mut self, buf: &mut BytesMut, n: usize) {
+    fn take(&mut self, buf: &[u8], at: usize, n: usize) {
         if n == 0 {
             return;
         }
         if let Some(j) = self.joined.as_mut() {
-            j.extend_from_slice(&buf[..n]);
-            buf.advance(n);
-        } else if let Some(f) = self.first.take() {
-            let mut j = BytesMut::with_capacity(f.len() + buf.len());
-            j.extend_from_slice(&f);
-            j.extend_from_slice(&buf[..n]);
-            buf.advance(n);
+            j.extend_from_slice(&buf[at..at + n]);
+        } else if let Some((f, len)) = self.first {
+            let mut j = BytesMut::with_capacity(len + buf.len() - at);
+            j.extend_from_slice(&buf[f..f + len]);
+            j.extend_from_slice(&buf[at..at + n]);
             self.joined = Some(j);
         } else {
-            self.first = Some(buf.split_to(n).freeze());
+            self.first = Some((at, n));
         }
     }
 }
 
 impl Collect {
-    fn finish(self) -> Bytes {
+    /// The payload, with the `used` bytes at the front of `buf` cut off it.
+    fn finish(self, buf: &mut BytesMut, used: usize) -> Bytes {
         match (self.first, self.joined) {
-            (_, Some(j)) => j.freeze(),
-            (Some(f), None) => f,
-            (None, None) => Bytes::new(),
+            (_, Some(j)) => {
+                buf.advance(used);
+                j.freeze()
+            }
+            (Some((at, len)), None) => {
+                buf.advance(at);
+                let piece = buf.split_to(len).freeze();
+                buf.advance(used - at - len);
+                piece
+            }
+            (None, None) => {
+                buf.advance(used);
+                Bytes::new()
+            }
         }
     }
 }
 
 /// The payload dropped, counted.
 impl Payload for usize {
-    fn take(&mut self, buf: &mut BytesMut, n: usize) {
-        buf.advance(n);
+    fn take(&mut self, _: &[u8], _: usize, n: usize) {
         *self += n;
     }
 }
@@ -290,24 +294,31 @@ fn find_crlf(buf: &[u8], max: usize) -> Result<Option<usize>, FramingError> {
 }
 
 /// `1*HEXDIG [ BWS ";" extensions ]`: the size; extensions are ignored (no CR/LF inside).
+/// One pass over the digits; a line that is only digits (what engines send) ends there.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, FramingError> {
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let mut size: u64 = 0;
+    let mut digits = 0;
+    for &b in line {
+        let d = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => break,
+        };
+        // Leading zeros never fill the top digit; a seventeenth significant digit would.
+        if size >> 60 != 0 {
+            return Err(FramingError::ChunkTooLarge);
+        }
+        size = size << 4 | u64::from(d);
+        digits += 1;
+    }
     if digits == 0 {
         return Err(FramingError::BadChunkSize);
     }
-    let significant = line[..digits].iter().skip_while(|&&b| b == b'0').count();
-    if significant > 16 {
-        return Err(FramingError::ChunkTooLarge);
-    }
-    let mut size: u64 = 0;
-    for &b in &line[..digits] {
-        let d = (b as char).to_digit(16).unwrap_or(0) as u64;
-        size = size
-            .checked_mul(16)
-            .and_then(|s| s.checked_add(d))
-            .ok_or(FramingError::ChunkTooLarge)?;
-    }
     let rest = &line[digits..];
+    if rest.is_empty() {
+        return Ok(size);
+    }
     let rest_trimmed = rest
         .iter()
         .position(|&b| b != b' ' && b != b'\t')

@@ -97,7 +97,9 @@ impl DoneDetector {
     }
 
     /// Feeds the next chunk; true once the terminal event has been seen (and from then on).
-    /// Each line's end is found with `memchr2`; only a line's first 16 bytes are kept.
+    /// Each line's end is found with `memchr2` (a blank line, the one ending each event, without
+    /// a search); a line that starts and ends in this chunk is read where it lies, and only a
+    /// line cut by the chunk's end keeps its first 16 bytes for the next chunk.
     pub fn feed(&mut self, chunk: &[u8]) -> bool {
         let mut rest = chunk;
         while !rest.is_empty() && !self.done {
@@ -109,24 +111,32 @@ impl DoneDetector {
                     continue;
                 }
             }
-            match memchr::memchr2(b'\n', b'\r', rest) {
-                Some(at) => {
-                    self.keep(&rest[..at]);
-                    self.after_cr = rest[at] == b'\r';
-                    self.end_line();
-                    rest = &rest[at + 1..];
-                }
-                None => {
-                    self.keep(rest);
-                    rest = &[];
-                }
+            let end = match rest[0] {
+                b'\n' | b'\r' => Some(0),
+                _ => memchr::memchr2(b'\n', b'\r', rest),
+            };
+            let Some(at) = end else {
+                self.keep(rest);
+                break;
+            };
+            if self.line_len == 0 && !self.line_overflow {
+                let line = &rest[..at];
+                let kept = &line[..at.min(self.line.len())];
+                self.end_line(kept, at > kept.len());
+            } else {
+                self.keep(&rest[..at]);
+                let kept = self.line;
+                self.end_line(&kept[..self.line_len], self.line_overflow);
             }
+            self.after_cr = rest[at] == b'\r';
+            rest = &rest[at + 1..];
         }
         self.done
     }
 
-    /// Adds bytes of the current line: the first 16 are kept (a long `data:` line still counts
-    /// as one of the event's data lines), more mark the line as too long to be `[DONE]`.
+    /// Adds bytes of a line cut by a chunk's end: the first 16 are kept (a long `data:` line
+    /// still counts as one of the event's data lines), more mark the line as too long to be
+    /// `[DONE]`.
     fn keep(&mut self, bytes: &[u8]) {
         if self.line_overflow {
             return;
@@ -143,17 +153,16 @@ impl DoneDetector {
         self.done
     }
 
-    fn end_line(&mut self) {
-        let empty = self.line_len == 0 && !self.line_overflow;
-        if empty {
+    /// A line has ended: `line` is its first 16 bytes at most, `overflow` whether it was longer.
+    fn end_line(&mut self, line: &[u8], overflow: bool) {
+        if line.is_empty() && !overflow {
             if self.data_lines == 1 && self.first_data_done {
                 self.done = true;
             }
             self.data_lines = 0;
             self.first_data_done = false;
         } else {
-            let line = &self.line[..self.line_len];
-            let value = if line == b"data" && !self.line_overflow {
+            let value = if line == b"data" && !overflow {
                 Some(&b""[..])
             } else {
                 line.strip_prefix(b"data:")
@@ -161,7 +170,7 @@ impl DoneDetector {
             if let Some(value) = value {
                 let value = value.strip_prefix(b" ").unwrap_or(value);
                 if self.data_lines == 0 {
-                    self.first_data_done = value == DONE && !self.line_overflow;
+                    self.first_data_done = value == DONE && !overflow;
                 }
                 self.data_lines = self.data_lines.saturating_add(1).min(2);
             }
