@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 use pdgate_filters::errors::ErrorCode;
 use pdgate_filters::{classify, scan_object, Route};
 use pingora::proxy::Session;
@@ -351,11 +351,8 @@ fn pd_request(
         .map_err(|e| Reply::error(ErrorCode::InvalidRequest, e.to_string()))?;
     ctx.streaming = facts.stream;
     ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref()));
-    let mut routing = routing_keys(session);
-    routing.pinned = crate::workers::canary::pinned_link(
-        header_str(session, &crate::workers::canary::CANARY_HEADER),
-        &gw.canary_secret,
-    );
+    let (mut routing, canary) = routing_keys(session);
+    routing.pinned = crate::workers::canary::pinned_link(canary, &gw.canary_secret);
     if gw.policies.load().needs_text() {
         let t = pdgate_filters::routing_text::routing_text(route, &body, &top);
         routing.text = t.text;
@@ -518,35 +515,90 @@ fn header_str<'a>(session: &'a Session, name: &HeaderName) -> Option<&'a str> {
         .req_header()
         .headers
         .get(name)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
+        .and_then(non_empty_str)
 }
 
-fn routing_keys(session: &Session) -> RoutingKeys {
-    RoutingKeys {
-        routing_key: header_str(session, &ROUTING_KEY)
-            .filter(|k| k.len() <= 128)
-            .map(str::to_string),
-        target_worker: header_str(session, &TARGET_WORKER).map(str::to_string),
-        implicit_key: header_str(session, &http::header::AUTHORIZATION)
-            .or_else(|| header_str(session, &FORWARDED_FOR))
-            .or_else(|| header_str(session, &http::header::COOKIE))
+/// A header value as `header_str` takes it: text, not empty.
+fn non_empty_str(v: &HeaderValue) -> Option<&str> {
+    v.to_str().ok().filter(|v| !v.is_empty())
+}
+
+/// Each name's first value in the client's head, in one walk over it, for the names in `names`
+/// (`get` hashes the name for each lookup: a PD request made ten, most of them misses). The
+/// values of one name come one after another in a `HeaderMap`'s iteration, the first first.
+fn first_values<'a, const N: usize>(
+    session: &'a Session,
+    names: [&HeaderName; N],
+) -> [Option<&'a HeaderValue>; N] {
+    let mut found = [None; N];
+    let mut last: Option<&HeaderName> = None;
+    for (name, value) in session.req_header().headers.iter() {
+        if last == Some(name) {
+            continue;
+        }
+        last = Some(name);
+        if let Some(i) = names.iter().position(|n| *n == name) {
+            found[i] = Some(value);
+        }
+    }
+    found
+}
+
+/// The routing keys and the canary pin's header (`None` when absent or empty).
+fn routing_keys<'a>(session: &'a Session) -> (RoutingKeys, Option<&'a str>) {
+    let [routing_key, target_worker, authorization, forwarded_for, cookie, canary] = first_values(
+        session,
+        [
+            &ROUTING_KEY,
+            &TARGET_WORKER,
+            &http::header::AUTHORIZATION,
+            &FORWARDED_FOR,
+            &http::header::COOKIE,
+            &crate::workers::canary::CANARY_HEADER,
+        ],
+    )
+    .map(|v| v.and_then(non_empty_str));
+    let keys = RoutingKeys {
+        routing_key: routing_key.filter(|k| k.len() <= 128).map(str::to_string),
+        target_worker: target_worker.map(str::to_string),
+        implicit_key: authorization
+            .or(forwarded_for)
+            .or(cookie)
             .map(str::to_string),
         text: None,
         token_ids: None,
         pinned: None,
-    }
+    };
+    (keys, canary)
 }
 
 /// The request id: the first configured request-id header the client sent, else a new id with
 /// the route's prefix (`chatcmpl-`, `cmpl-`, `gnt-`, `resp-`, `msg_`, `req-`) and 24 alphanumerics.
 fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> String {
-    for name in &gw.settings_now().request_id_headers {
-        if let Some(v) = header_str(session, name) {
+    // One walk over the client's head: each name's first value, the earliest configured name
+    // whose value is fit wins (a lookup per configured name hashed each, most of them misses).
+    let names = &gw.settings_now().request_id_headers;
+    let mut best: Option<(usize, &str)> = None;
+    let mut last: Option<&HeaderName> = None;
+    for (name, value) in session.req_header().headers.iter() {
+        if last == Some(name) {
+            continue;
+        }
+        last = Some(name);
+        let Some(i) = names.iter().position(|n| n == name) else {
+            continue;
+        };
+        if best.is_some_and(|(b, _)| b < i) {
+            continue;
+        }
+        if let Some(v) = non_empty_str(value) {
             if v.len() <= 256 && v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
-                return v.to_string();
+                best = Some((i, v));
             }
         }
+    }
+    if let Some((_, v)) = best {
+        return v.to_string();
     }
     let prefix = match endpoint {
         Some(Endpoint::Pd(Route::ChatCompletions)) => "chatcmpl-",

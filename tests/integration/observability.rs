@@ -1256,6 +1256,18 @@ async fn every_response_carries_x_request_id_and_both_legs_get_the_same_one() {
     .await;
     assert_eq!(r.header("x-request-id"), Some("first"));
     one_pair(&fleet, "first");
+    // An unfit value (a space in it, or empty) is passed over for the next header in the order.
+    for (unfit, next) in [("has space", "third-1"), ("", "third-2")] {
+        let r = post_json_with(
+            &gw,
+            "/v1/chat/completions",
+            &[("x-trace-id", next), ("x-request-id", unfit)],
+            &chat("ids", false),
+        )
+        .await;
+        assert_eq!(r.header("x-request-id"), Some(next), "{unfit:?}");
+        one_pair(&fleet, next);
+    }
 
     // A generated id carries the route's prefix, and it too reaches both legs.
     for _ in 0..2 {
