@@ -545,7 +545,7 @@ fn first_values<'a, const N: usize>(
 }
 
 /// The routing keys and the canary pin's header (`None` when absent or empty).
-fn routing_keys<'a>(session: &'a Session) -> (RoutingKeys, Option<&'a str>) {
+fn routing_keys(session: &Session) -> (RoutingKeys, Option<&str>) {
     let [routing_key, target_worker, authorization, forwarded_for, cookie, canary] = first_values(
         session,
         [
