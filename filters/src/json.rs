@@ -46,26 +46,43 @@ fn push_control_escape(out: &mut Vec<u8>, b: u8) {
     out.push(HEX[usize::from(b & 0xf)]);
 }
 
-/// `n` as decimal text, written into `buf` (no allocation): for JSON integers, header values and
-/// metric labels.
+/// `n` as decimal text, written into `buf` (no allocation): for header values and metric
+/// labels. Where bytes will do (a JSON body, a request head), [`decimal_bytes`] skips the UTF-8
+/// check.
 pub fn decimal(n: u64, buf: &mut [u8; 20]) -> &str {
+    std::str::from_utf8(decimal_bytes(n, buf)).unwrap_or_default()
+}
+
+/// `n`'s decimal digits, written into the end of `buf`, two a step (a bootstrap room has 19).
+pub fn decimal_bytes(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut at = buf.len();
     let mut rest = n;
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
+    while rest >= 100 {
+        let pair = usize::from((rest % 100) as u8) * 2;
+        rest /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
     }
-    std::str::from_utf8(&buf[at..]).unwrap_or_default()
+    if rest >= 10 {
+        let pair = usize::from(rest as u8) * 2;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        at -= 1;
+        buf[at] = b'0' + rest as u8;
+    }
+    &buf[at..]
 }
 
 /// Appends `n` as a JSON integer (exact decimal, never a float).
 pub fn push_u64(out: &mut Vec<u8>, n: u64) {
     let mut digits = [0u8; 20];
-    out.extend_from_slice(decimal(n, &mut digits).as_bytes());
+    out.extend_from_slice(decimal_bytes(n, &mut digits));
 }
 
 /// A JSON string literal for `s`, as a fresh buffer.
@@ -139,6 +156,19 @@ mod tests {
     fn integers_are_exact_decimal() {
         for n in [0u64, 7, 10, 9_223_372_036_854_775_807, u64::MAX] {
             assert_eq!(u64_text(n), n.to_string().into_bytes());
+        }
+        // Every length, either side of each power of ten, and a run of small numbers.
+        let mut p = 1u64;
+        let mut cases: Vec<u64> = (0..=1_000).collect();
+        while let Some(next) = p.checked_mul(10) {
+            cases.extend([p - 1, p, p + 1, next / 2]);
+            p = next;
+        }
+        cases.extend([p - 1, p, p + 1]);
+        let mut digits = [0u8; 20];
+        for n in cases {
+            assert_eq!(decimal(n, &mut digits), n.to_string());
+            assert_eq!(decimal_bytes(n, &mut digits), n.to_string().as_bytes());
         }
     }
 

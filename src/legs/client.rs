@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Version};
 use pdgate_filters::framing::{BodyDecoder, Framing, FramingError};
-use pdgate_filters::json::decimal;
+use pdgate_filters::json::decimal_bytes;
 use pingora::connectors::{ConnectorOptions, TransportConnector};
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
@@ -279,7 +279,7 @@ impl RequestWire {
         if with_body {
             w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
             let mut digits = [0u8; 20];
-            w.extend_from_slice(decimal(req.body.len() as u64, &mut digits).as_bytes());
+            w.extend_from_slice(decimal_bytes(req.body.len() as u64, &mut digits));
         }
         w.extend_from_slice(b"\r\n");
         for (name, value) in req.headers {
