@@ -69,7 +69,9 @@ fn encode_tokenized(ids: &[u32], field: IdsField) -> Bytes {
     }
     let mut out = Vec::with_capacity(HEADS + 5 * ids.len());
     out.resize(HEADS, 0);
-    // The ids in a plain loop: prost's `encode_varint` goes through `BufMut` per byte.
+    // The ids in a plain loop: prost's `encode_varint` goes through `BufMut` per byte. (Built
+    // in a word and stored 8 bytes at once, without a branch per byte, an id took 33
+    // instructions against 16: not kept.)
     for &id in ids {
         let mut v = id;
         while v >= 0x80 {
@@ -158,7 +160,18 @@ mod tests {
         vec![
             vec![],
             vec![0],
-            vec![1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, u32::MAX],
+            vec![
+                1,
+                127,
+                128,
+                16_383,
+                16_384,
+                2_097_151,
+                2_097_152,
+                268_435_455,
+                268_435_456,
+                u32::MAX,
+            ],
             (0..900).map(|i| i * 37 % 151_000).collect(),
         ]
     }
