@@ -120,8 +120,7 @@ impl DoneDetector {
                 break;
             };
             if self.line_len == 0 && !self.line_overflow {
-                let line = &rest[..at];
-                let kept = &line[..at.min(self.line.len())];
+                let kept = &rest[..at.min(self.line.len())];
                 self.end_line(kept, at > kept.len());
             } else {
                 self.keep(&rest[..at]);

@@ -523,24 +523,31 @@ fn non_empty_str(v: &HeaderValue) -> Option<&str> {
     v.to_str().ok().filter(|v| !v.is_empty())
 }
 
-/// Each name's first value in the client's head, in one walk over it, for the names in `names`
-/// (`get` hashes the name for each lookup: a PD request made ten, most of them misses). The
-/// values of one name come one after another in a `HeaderMap`'s iteration, the first first.
+/// Calls `f` with each header name's first value in the client's head (what `get` gives), in
+/// one walk over it: `get` hashes the name for each lookup, and a PD request made ten, most of
+/// them misses. The values of one name come one after another in a `HeaderMap`'s iteration,
+/// the first first.
+fn each_first_value<'a>(session: &'a Session, mut f: impl FnMut(&HeaderName, &'a HeaderValue)) {
+    let mut last: Option<&HeaderName> = None;
+    for (name, value) in session.req_header().headers.iter() {
+        if last != Some(name) {
+            last = Some(name);
+            f(name, value);
+        }
+    }
+}
+
+/// The first value of each of `names` in the client's head.
 fn first_values<'a, const N: usize>(
     session: &'a Session,
     names: [&HeaderName; N],
 ) -> [Option<&'a HeaderValue>; N] {
     let mut found = [None; N];
-    let mut last: Option<&HeaderName> = None;
-    for (name, value) in session.req_header().headers.iter() {
-        if last == Some(name) {
-            continue;
-        }
-        last = Some(name);
+    each_first_value(session, |name, value| {
         if let Some(i) = names.iter().position(|n| *n == name) {
             found[i] = Some(value);
         }
-    }
+    });
     found
 }
 
@@ -575,28 +582,22 @@ fn routing_keys(session: &Session) -> (RoutingKeys, Option<&str>) {
 /// The request id: the first configured request-id header the client sent, else a new id with
 /// the route's prefix (`chatcmpl-`, `cmpl-`, `gnt-`, `resp-`, `msg_`, `req-`) and 24 alphanumerics.
 fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> String {
-    // One walk over the client's head: each name's first value, the earliest configured name
-    // whose value is fit wins (a lookup per configured name hashed each, most of them misses).
+    // The earliest configured name whose (first) value is fit wins.
     let names = &gw.settings_now().request_id_headers;
     let mut best: Option<(usize, &str)> = None;
-    let mut last: Option<&HeaderName> = None;
-    for (name, value) in session.req_header().headers.iter() {
-        if last == Some(name) {
-            continue;
-        }
-        last = Some(name);
+    each_first_value(session, |name, value| {
         let Some(i) = names.iter().position(|n| n == name) else {
-            continue;
+            return;
         };
         if best.is_some_and(|(b, _)| b < i) {
-            continue;
+            return;
         }
-        if let Some(v) = non_empty_str(value) {
-            if v.len() <= 256 && v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
-                best = Some((i, v));
-            }
+        let fit = non_empty_str(value)
+            .filter(|v| v.len() <= 256 && v.bytes().all(|b| (0x21..0x7f).contains(&b)));
+        if let Some(v) = fit {
+            best = Some((i, v));
         }
-    }
+    });
     if let Some((_, v)) = best {
         return v.to_string();
     }
