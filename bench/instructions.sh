@@ -14,7 +14,8 @@
 #   PDGATE_ALT='before=/tmp/pdgate-before/pdgate' bench/instructions.sh
 #
 # Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), PDGATE_ALT ("NAME=PATH …", more
-# builds), TRANSPORT (http, the default, or grpc), CONCURRENCY (default 16), STREAM (default
+# builds), FLOORS ("pingora-floor floor": count the floors of run.sh as well, after the builds;
+# HTTP only), TRANSPORT (http, the default, or grpc), CONCURRENCY (default 16), STREAM (default
 # off,on), DURATION (8 s per point), PORT_BASE (default 25000), OUT (default bench/results;
 # writes instructions.md — instructions-grpc.md with TRANSPORT=grpc — and logs/ under it).
 set -euo pipefail
@@ -29,6 +30,7 @@ CONCURRENCY=${CONCURRENCY:-16}
 STREAM=${STREAM:-off,on}
 DURATION=${DURATION:-8}
 TRANSPORT=${TRANSPORT:-http}
+FLOORS=${FLOORS:-}
 
 LOG_TAG=instructions
 # shellcheck source=bench/lib.sh
@@ -55,9 +57,31 @@ load() {
     >/dev/null 2>&1
 }
 
+# start_floor NAME PORT WRAPPER: run.sh's floor NAME (`floor` or `pingora-floor`) under WRAPPER on
+# the canned pair; sets GW_PID.
+start_floor() {
+  local flag=
+  [[ $1 == pingora-floor ]] && flag=--pingora
+  port_free "$2" || die "port $2 is busy (set PORT_BASE)"
+  "$3" floor-proxy $flag --listen "127.0.0.1:$2" --prefill "127.0.0.1:$((PORT_BASE + 2))" \
+    --bootstrap-port $((PORT_BASE + 4)) --decode "127.0.0.1:$((PORT_BASE + 3))" --threads 2 \
+    >"$OUT/logs/instructions-$1.log" 2>&1 &
+  GW_PID=$!
+  PIDS+=("$GW_PID")
+  wait_http "$http:$2/v1/chat/completions" \
+    '{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' ||
+    die "$1 did not answer (see $OUT/logs/instructions-$1.log)"
+}
+
+builds=("pdgate=$BIN/pdgate" $PDGATE_ALT)
+for f in $FLOORS; do
+  [[ $f == floor || $f == pingora-floor ]] || die "FLOORS names floor and pingora-floor, not $f"
+  [[ $TRANSPORT == http ]] || die "the floors are HTTP/1.1 gateways: FLOORS needs TRANSPORT=http"
+  builds+=("$f=$BIN/pdgate-bench")
+done
 rows=()
 port=$((PORT_BASE + 10))
-for build in "pdgate=$BIN/pdgate" $PDGATE_ALT; do
+for build in "${builds[@]}"; do
   name=${build%%=*}
   exe=${build#*=}
   for s in ${STREAM//,/ }; do
@@ -67,7 +91,10 @@ for build in "pdgate=$BIN/pdgate" $PDGATE_ALT; do
     printf '#!/bin/sh\nexport GLIBC_TUNABLES=%s\nexec valgrind --tool=callgrind --callgrind-out-file=%s.cg %s "$@"\n' \
       "$PDGATE_TUNABLES" "$data" "$exe" >"$wrapper"
     chmod +x "$wrapper"
-    GW_EXE=$wrapper start_pdgate "instructions-$TRANSPORT-$name-$s" "$port" round_robin "$workers" "$extra"
+    case $name in
+      floor | pingora-floor) start_floor "$name" "$port" "$wrapper" ;;
+      *) GW_EXE=$wrapper start_pdgate "instructions-$TRANSPORT-$name-$s" "$port" round_robin "$workers" "$extra" ;;
+    esac
     load 2 "$data-warmup.json"
     callgrind_control -z "$GW_PID" >/dev/null
     load "$DURATION" "$data.json"
@@ -88,7 +115,7 @@ commit="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet ||
 {
   echo "# User-space instructions per request (bench/instructions.sh)"
   echo
-  echo "$(date -u +%FT%TZ) — commit $commit; builds: pdgate=$BIN/pdgate $PDGATE_ALT;" \
+  echo "$(date -u +%FT%TZ) — commit $commit; builds: pdgate=$BIN/pdgate $PDGATE_ALT${FLOORS:+; floors: $FLOORS};" \
     "c=$CONCURRENCY, 1 KB chat, $TRANSPORT, canned engines, ${DURATION} s under callgrind per point."
   echo
   python3 "$ROOT/bench/instructions.py" "${rows[@]}"

@@ -62,6 +62,24 @@ impl Key {
         }
     }
 
+    /// A key from the text between its quotes, when that text has no escape; `None` if it is
+    /// not UTF-8. ASCII text (every API's keys) is copied without a UTF-8 check.
+    pub(crate) fn from_unescaped(text: &[u8]) -> Option<Key> {
+        if text.len() <= KEY_INLINE {
+            if !text.is_ascii() {
+                std::str::from_utf8(text).ok()?;
+            }
+            let mut bytes = [0u8; KEY_INLINE];
+            bytes[..text.len()].copy_from_slice(text);
+            Some(Key::Inline {
+                len: text.len() as u8,
+                bytes,
+            })
+        } else {
+            std::str::from_utf8(text).ok().map(|s| Key::Heap(s.into()))
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         // The bytes are a copy of a `&str`, so they are UTF-8.
         std::str::from_utf8(self.as_bytes()).unwrap_or_default()
@@ -216,8 +234,12 @@ pub fn rewrite(body: &[u8], top: &TopLevel, drop: &[&str], set: &[(&str, &[u8])]
     out.push(b'{');
     let mut first = true;
     for entry in &top.entries {
-        let key = entry.key.as_str();
-        if drop.contains(&key) || set.iter().any(|(k, _)| *k == key) {
+        let key = entry.key.as_bytes();
+        if drop
+            .iter()
+            .chain(set.iter().map(|(k, _)| k))
+            .any(|k| k.as_bytes() == key)
+        {
             continue;
         }
         let Some(bytes) = body.get(entry.key_start..entry.value.end) else {
@@ -431,6 +453,12 @@ mod tests {
         assert_eq!(keys(&top), ["stream", "é"]);
         assert!(top.contains("stream"));
         assert_eq!(top.get(body, "stream").unwrap(), b"true");
+        // Unescaped keys are taken as written: raw UTF-8, and past the inline length.
+        let long = "ключ_длиннее_двадцати_двух_байт";
+        let body = format!(r#"{{"é":1,"{long}":2,"":3}}"#);
+        let top = scan_object(body.as_bytes()).unwrap();
+        assert_eq!(keys(&top), ["é", long, ""]);
+        assert!(matches!(top.entries()[1].key, Key::Heap(_)));
     }
 
     #[test]

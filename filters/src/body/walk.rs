@@ -91,8 +91,14 @@ impl Walk<'_> {
             self.value(nesting)?;
             if let Some(entries) = entries.as_deref_mut() {
                 let text = &self.b[key_start..key_end];
+                let inner = &text[1..text.len() - 1];
+                let key = if inner.contains(&b'\\') {
+                    Key::new(&value::as_str(text)?)
+                } else {
+                    Key::from_unescaped(inner)?
+                };
                 entries.push(Entry {
-                    key: Key::new(&value::as_str(text)?),
+                    key,
                     key_start,
                     value: value_start..self.at,
                 });
