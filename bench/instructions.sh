@@ -65,12 +65,12 @@ start_floor() {
   port_free "$2" || die "port $2 is busy (set PORT_BASE)"
   "$3" floor-proxy $flag --listen "127.0.0.1:$2" --prefill "127.0.0.1:$((PORT_BASE + 2))" \
     --bootstrap-port $((PORT_BASE + 4)) --decode "127.0.0.1:$((PORT_BASE + 3))" --threads 2 \
-    >"$OUT/logs/instructions-$1.log" 2>&1 &
+    >"$OUT/logs/instructions-$1-$s.log" 2>&1 &
   GW_PID=$!
   PIDS+=("$GW_PID")
   wait_http "$http:$2/v1/chat/completions" \
     '{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' ||
-    die "$1 did not answer (see $OUT/logs/instructions-$1.log)"
+    die "$1 did not answer (see $OUT/logs/instructions-$1-$s.log)"
 }
 
 builds=("pdgate=$BIN/pdgate" $PDGATE_ALT)
@@ -100,7 +100,9 @@ for build in "${builds[@]}"; do
     load "$DURATION" "$data.json"
     callgrind_control -d "$GW_PID" >/dev/null
     requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$data.json" | tail -1)
+    # pdgate stops on SIGINT; the plain floor only on SIGTERM (the dump is already written).
     kill -INT "$GW_PID" 2>/dev/null || true
+    [[ $name != floor ]] || kill -TERM "$GW_PID" 2>/dev/null || true
     wait "$GW_PID" 2>/dev/null || true
     dump=$(ls -t "$data".cg.* 2>/dev/null | head -1 || true)
     [[ -n $dump ]] || die "no callgrind dump for $name ($s)"
