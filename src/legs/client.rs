@@ -518,7 +518,7 @@ fn well_known_value(v: &[u8]) -> Option<HeaderValue> {
 /// bits are incremented (which never carries into the next byte).
 fn is_token(s: &str) -> bool {
     let mut words = s.as_bytes().chunks_exact(8);
-    let words_ok = (&mut words)
+    let words_ok = words
         .all(|word| word_is_visible(u64::from_le_bytes(word.try_into().expect("eight bytes"))));
     words_ok && !s.is_empty() && words.remainder().iter().all(|b| (0x21..0x7f).contains(b))
 }
