@@ -13,12 +13,12 @@
 #   SKIP_BUILD=1 STREAM=on bench/sched.sh     # → bench/results/sched-stream.md
 #
 # Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), CONCURRENCY (64), SECONDS_REC
-# (4), FREQ (2999 Hz), STREAM (off), PORT_BASE (24800), OUT (bench/results; logs/ under it).
+# (4), FREQ (2999 Hz), STREAM (off), PORT_BASE (25200), OUT (bench/results; logs/ under it).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/bench/results}
-PORT_BASE=${PORT_BASE:-24800}
+PORT_BASE=${PORT_BASE:-25200}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BIN_DIR:-$CARGO_TARGET_DIR/release}
 CONCURRENCY=${CONCURRENCY:-64}
