@@ -1,6 +1,8 @@
 //! Writing JSON text by hand: strings (escaped), integers, and the few fixed-shape objects the
 //! gateway mints. Everything the crate emits goes through here, so escaping lives in one place.
 
+use crate::ascii::{needs_json_escape, word_needs_json_escape};
+
 /// Appends `s` as a JSON string literal (with quotes), escaping `"`, `\` and control characters.
 pub fn push_string(out: &mut Vec<u8>, s: &str) {
     out.reserve(s.len() + 2);
@@ -45,28 +47,13 @@ pub fn push_string_contents(out: &mut Vec<u8>, s: &str) {
 fn next_to_escape(bytes: &[u8], from: usize) -> Option<usize> {
     let mut at = from;
     while let Some(word) = bytes.get(at..at + 8) {
-        if word_needs_escape(u64::from_le_bytes(word.try_into().expect("eight bytes"))) {
+        if word_needs_json_escape(u64::from_le_bytes(word.try_into().expect("eight bytes"))) {
             break;
         }
         at += 8;
     }
-    let hit = bytes[at..]
-        .iter()
-        .position(|&b| b < 0x20 || b == b'"' || b == b'\\')?;
+    let hit = bytes[at..].iter().position(|&b| needs_json_escape(b))?;
     Some(at + hit)
-}
-
-/// Whether any byte of `w` must be escaped. `below(v, n)` is non-zero exactly when some byte of
-/// `v` is under `n` (n ≤ 128): such a byte borrows into its top bit, and a borrow that reaches
-/// a byte above only starts at one that was under `n` itself, so the answer as a whole is
-/// exact; bytes from 0x80 up (UTF-8 sequences) never count. A quote or a backslash is a zero
-/// byte once xored with copies of it.
-const fn word_needs_escape(w: u64) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const fn below(v: u64, n: u8) -> u64 {
-        v.wrapping_sub(ONES * n as u64) & !v & (ONES * 0x80)
-    }
-    below(w, 0x20) | below(w ^ (ONES * b'"' as u64), 1) | below(w ^ (ONES * b'\\' as u64), 1) != 0
 }
 
 fn push_control_escape(out: &mut Vec<u8>, b: u8) {
@@ -172,25 +159,9 @@ mod tests {
     }
 
     #[test]
-    fn the_word_check_finds_exactly_the_bytes_to_escape() {
-        let escaped = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
-        // Each byte value at each place of a word, among fillers that are escaped or not, from
-        // both sides of 0x20 and of 0x80 (a borrow from a hit must not hide or invent another).
-        for filler in [b'a', b' ', 0x1f, 0x21, b'"', 0x7f, 0x80, 0xff, 0x00] {
-            for place in 0..8 {
-                for b in 0..=255u8 {
-                    let mut word = [filler; 8];
-                    word[place] = b;
-                    let want = word.iter().any(|&x| escaped(x));
-                    assert_eq!(
-                        word_needs_escape(u64::from_le_bytes(word)),
-                        want,
-                        "{word:?}"
-                    );
-                }
-            }
-        }
-        // And as push_string_contents uses it: every place of longer texts, matching serde_json.
+    fn strings_escaped_at_every_place_match_serde_json() {
+        // push_string_contents with its word check (crate::ascii): every place of texts that
+        // span words and the bytes after them.
         for len in 0..40 {
             for place in 0..len {
                 for hit in ["\"", "\\", "\n", "\u{1}", "é"] {

@@ -8,6 +8,7 @@
 //! One home per fact: client field names live in [`fields`], handoff field names in
 //! [`handoff`], error codes/statuses/messages in [`errors`].
 
+pub mod ascii;
 pub mod body;
 pub mod classify;
 pub mod errors;

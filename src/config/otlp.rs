@@ -78,7 +78,7 @@ impl OtlpEndpoint {
             Some(other) => return Err(format!("'{value}': unknown scheme '{other}'; {FORMS}")),
         };
         check_authority(authority).map_err(|why| format!("'{value}': {why}; {FORMS}"))?;
-        if path.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
+        if !pdgate_filters::ascii::all_visible(path.as_bytes()) {
             return Err(format!("'{value}': the path has a space or a control byte"));
         }
         let url = match protocol {

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Version};
+use pdgate_filters::ascii::all_visible;
 use pdgate_filters::framing::{BodyDecoder, Framing, FramingError};
 use pdgate_filters::json::decimal_bytes;
 use pingora::connectors::{ConnectorOptions, TransportConnector};
@@ -253,7 +254,8 @@ impl RequestWire {
     fn encode(req: &LegRequest<'_>) -> Result<RequestWire, LegError> {
         // The path and host come from configuration and the route table, never from a client,
         // but a control byte or space in either would split the request line: refuse it.
-        if !is_token(req.path) || !is_token(req.host) || !is_token(req.method) {
+        let token_ok = |s: &str| !s.is_empty() && all_visible(s.as_bytes());
+        if !token_ok(req.path) || !token_ok(req.host) || !token_ok(req.method) {
             return Err(LegError::new(
                 LegErrorKind::Send,
                 "request line or host contains a forbidden byte",
@@ -508,26 +510,6 @@ fn well_known_value(v: &[u8]) -> Option<HeaderValue> {
         .iter()
         .find(|w| w.as_bytes() == v)
         .cloned()
-}
-
-/// Whether `s` is non-empty and only visible ASCII (0x21 to 0x7e: nothing that could end or
-/// bend a request line), looked at eight bytes at a step (a leg's path and host are checked on
-/// every request). In a word, a byte under 0x21 borrows into its top bit (a borrow that reaches
-/// another byte only starts at one under 0x21 itself, so the answer as a whole is exact), a byte
-/// from 0x80 up has its top bit, and 0x7f is the one below that reaches it when its low seven
-/// bits are incremented (which never carries into the next byte).
-fn is_token(s: &str) -> bool {
-    let mut words = s.as_bytes().chunks_exact(8);
-    let words_ok = words
-        .all(|word| word_is_visible(u64::from_le_bytes(word.try_into().expect("eight bytes"))));
-    words_ok && !s.is_empty() && words.remainder().iter().all(|b| (0x21..0x7f).contains(b))
-}
-
-/// Whether every byte of `w` is visible ASCII (see [`is_token`]).
-const fn word_is_visible(w: u64) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = ONES * 0x80;
-    ((w.wrapping_sub(ONES * 0x21) & !w) | w | ((w & !HIGH) + ONES)) & HIGH == 0
 }
 
 /// Comma-separated, whitespace-trimmed, non-empty tokens of a header value.
@@ -913,36 +895,6 @@ mod tests {
         assert_eq!(h.status.as_u16(), 503);
         assert_eq!(h.headers.get("retry-after").unwrap(), "3");
         assert_eq!(len, 71);
-    }
-
-    #[test]
-    fn a_token_is_visible_ascii_at_every_place_of_a_word() {
-        let visible = |b: u8| (0x21..0x7f).contains(&b);
-        // Each byte value at each place of a word, among fillers from both sides of each bound.
-        for filler in [b'a', b'!', b'~', 0x20, 0x00, 0x7f, 0x80, 0xff] {
-            for place in 0..8 {
-                for b in 0..=255u8 {
-                    let mut word = [filler; 8];
-                    word[place] = b;
-                    let want = word.iter().all(|&x| visible(x));
-                    assert_eq!(word_is_visible(u64::from_le_bytes(word)), want, "{word:?}");
-                }
-            }
-        }
-        // Whole strings: words and the bytes after the last one.
-        assert!(!is_token(""));
-        for len in 1..=20 {
-            for place in 0..len {
-                for bad in [" ", "\r", "\n", "\u{7f}", "é"] {
-                    let mut text = "a".repeat(len);
-                    assert!(is_token(&text));
-                    text.replace_range(place..=place, bad);
-                    assert!(!is_token(&text), "{text:?}");
-                }
-            }
-        }
-        assert!(is_token("/v1/chat/completions"));
-        assert!(is_token("127.0.0.1:30000"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue};
+use pdgate_filters::ascii::all_visible;
 use pdgate_filters::errors::ErrorCode;
 use pdgate_filters::{classify, scan_object, Route};
 use pingora::proxy::Session;
@@ -592,8 +593,7 @@ fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> S
         if best.is_some_and(|(b, _)| b < i) {
             return;
         }
-        let fit = non_empty_str(value)
-            .filter(|v| v.len() <= 256 && v.bytes().all(|b| (0x21..0x7f).contains(&b)));
+        let fit = non_empty_str(value).filter(|v| v.len() <= 256 && all_visible(v.as_bytes()));
         if let Some(v) = fit {
             best = Some((i, v));
         }
