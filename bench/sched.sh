@@ -66,6 +66,7 @@ record() {
   # perf is attached once it has written its file's header.
   local i
   for i in $(seq 1 100); do [[ -s $DATA/$name-$kind.data ]] && break; sleep 0.05; done
+  [[ -s $DATA/$name-$kind.data ]] || die "perf did not attach to $name within 5 s"
   "$BIN/pdgate-bench" --threads 1 sweep --target "$name=$http:$port" --concurrency "$CONCURRENCY" \
     --prompt-bytes 1024 --stream "$STREAM" --duration "$SECONDS_REC" --warmup 0 \
     --json "$DATA/$name-$kind.json" --markdown /dev/null >/dev/null 2>&1
