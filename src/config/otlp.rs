@@ -168,7 +168,10 @@ mod tests {
             ("udp://otel:4317", "unknown scheme"),
             ("http://ot el:4318/v1/traces", "not a host name"),
             ("http://otel:4318/v1/tr aces", "a space or a control byte"),
-            ("http://otel:4318/v1/traces\u{7f}", "a space or a control byte"),
+            (
+                "http://otel:4318/v1/traces\u{7f}",
+                "a space or a control byte",
+            ),
             ("http://otel:4318/v1/tracés", "a space or a control byte"),
         ] {
             let err = OtlpEndpoint::parse(value).expect_err(value);
