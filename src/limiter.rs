@@ -312,7 +312,11 @@ impl RateBucket {
 
     /// Takes a token, or says how long until one is free.
     fn try_take(&self) -> Result<(), Duration> {
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.try_take_at(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// [`RateBucket::try_take`] at `now`, nanoseconds since the bucket's epoch.
+    fn try_take_at(&self, now: u64) -> Result<(), Duration> {
         let mut tat = self.tat.load(Ordering::Acquire);
         loop {
             let next = tat.max(now).saturating_add(self.interval_ns);
@@ -366,12 +370,16 @@ mod tests {
 
     #[test]
     fn the_bucket_bursts_then_paces() {
+        // The time is passed in: no stall of the machine can refill the bucket meanwhile.
         let b = RateBucket::new(10, 3);
         for _ in 0..3 {
-            assert!(b.try_take().is_ok());
+            assert!(b.try_take_at(0).is_ok());
         }
-        let wait = b.try_take().expect_err("the burst is spent");
-        assert!(wait <= Duration::from_millis(100), "{wait:?}");
+        let wait = b.try_take_at(0).expect_err("the burst is spent");
+        assert_eq!(wait, Duration::from_millis(100));
+        assert_eq!(b.try_take_at(60_000_000), Err(Duration::from_millis(40)));
+        assert!(b.try_take_at(100_000_000).is_ok(), "one token per 100 ms");
+        assert!(b.try_take_at(100_000_000).is_err());
     }
 
     #[tokio::test]
@@ -431,12 +439,12 @@ mod tests {
 
     #[tokio::test]
     async fn rate_waiters_are_paced() {
-        let l = Limiter::new(limits(Some(2), 10, 60_000, Some(20))).unwrap();
+        // Before the bucket's epoch: however late the first two come, the third is paced.
         let t0 = Instant::now();
+        let l = Limiter::new(limits(Some(2), 10, 60_000, Some(20))).unwrap();
         drop(l.admit(std::future::pending::<()>).await.unwrap());
         drop(l.admit(std::future::pending::<()>).await.unwrap());
-        assert!(l.rate.as_ref().unwrap().try_take().is_err(), "a burst of 2");
-        // The third waits for the bucket: 20 per second is one per 50 ms.
+        // The third waits for the bucket (a burst of 2): 20 per second is one per 50 ms.
         drop(l.admit(std::future::pending::<()>).await.unwrap());
         let waited = t0.elapsed();
         assert!(waited >= Duration::from_millis(40), "{waited:?}");

@@ -152,12 +152,17 @@ impl LinkTable {
         if self.open.load(Ordering::Acquire) == 0 {
             return true;
         }
+        self.usable_at(decode_id, Instant::now())
+    }
+
+    /// [`LinkTable::usable`] at `now`.
+    fn usable_at(&self, decode_id: &str, now: Instant) -> bool {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         let Some(link) = links.get_mut(decode_id) else {
             return true;
         };
         match link.state {
-            State::Open { until } if Instant::now() < until => false,
+            State::Open { until } if now < until => false,
             State::Open { .. } => {
                 link.state = State::HalfOpen { successes: 0 };
                 self.open.fetch_sub(1, Ordering::AcqRel);
@@ -182,10 +187,28 @@ impl LinkTable {
         outcome: LinkOutcome,
         settings: &LinkSettings,
     ) {
-        if !settings.enabled {
-            return;
+        if settings.enabled {
+            self.record_at(
+                prefill_url,
+                decode_id,
+                decode_url,
+                outcome,
+                settings,
+                Instant::now(),
+            );
         }
-        let now = Instant::now();
+    }
+
+    /// [`LinkTable::record`] at `now`, link health being enabled.
+    fn record_at(
+        &self,
+        prefill_url: &str,
+        decode_id: &str,
+        decode_url: &str,
+        outcome: LinkOutcome,
+        settings: &LinkSettings,
+        now: Instant,
+    ) {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         // One lookup for the link every handoff after the first finds.
         let link = match links.get_mut(decode_id) {
@@ -319,31 +342,36 @@ mod tests {
             window: Duration::from_secs(60),
             min_handoffs: 4,
             failure_ratio: 0.5,
-            cooldown: Duration::from_millis(30),
+            cooldown: COOLDOWN,
             probe_successes: 2,
         }
     }
 
-    fn record(t: &LinkTable, outcome: LinkOutcome) {
-        t.record("http://p", "d1", "http://d1", outcome, &settings());
+    /// Long: the tests pass the time in, so no stall of the machine can end a cooldown early.
+    const COOLDOWN: Duration = Duration::from_secs(30);
+
+    fn record(t: &LinkTable, outcome: LinkOutcome, at: Instant) {
+        t.record_at("http://p", "d1", "http://d1", outcome, &settings(), at);
     }
 
     #[test]
     fn a_link_opens_over_the_threshold_and_closes_after_its_probes() {
         let t = LinkTable::default();
-        record(&t, LinkOutcome::Transferred);
-        record(&t, LinkOutcome::Failed);
-        record(&t, LinkOutcome::Transferred);
+        let t0 = Instant::now();
+        record(&t, LinkOutcome::Transferred, t0);
+        record(&t, LinkOutcome::Failed, t0);
+        record(&t, LinkOutcome::Transferred, t0);
         assert!(t.usable("d1"), "3 handoffs are below the minimum");
-        record(&t, LinkOutcome::Recomputed);
+        record(&t, LinkOutcome::Recomputed, t0);
         assert!(!t.usable("d1"), "2 of 4 failed: open");
         assert!(t.usable("d2"), "other links are untouched");
         assert_eq!(t.unhealthy()[0]["state"], "open");
-        std::thread::sleep(Duration::from_millis(40));
-        assert!(t.usable("d1"), "half-open after the cooldown");
-        record(&t, LinkOutcome::Transferred);
+        let later = t0 + COOLDOWN;
+        assert!(!t.usable_at("d1", later - Duration::from_millis(1)));
+        assert!(t.usable_at("d1", later), "half-open after the cooldown");
+        record(&t, LinkOutcome::Transferred, later);
         assert_eq!(t.unhealthy()[0]["state"], "half_open");
-        record(&t, LinkOutcome::Transferred);
+        record(&t, LinkOutcome::Transferred, later);
         assert!(t.unhealthy().is_empty(), "two good probes close it");
         assert!(t.usable("d1"));
     }
@@ -351,14 +379,17 @@ mod tests {
     #[test]
     fn a_failed_probe_opens_the_link_again() {
         let t = LinkTable::default();
+        let t0 = Instant::now();
         for _ in 0..4 {
-            record(&t, LinkOutcome::Failed);
+            record(&t, LinkOutcome::Failed, t0);
         }
         assert!(!t.usable("d1"));
-        std::thread::sleep(Duration::from_millis(40));
-        assert!(t.usable("d1"));
-        record(&t, LinkOutcome::Failed);
-        assert!(!t.usable("d1"));
+        let later = t0 + COOLDOWN;
+        assert!(t.usable_at("d1", later));
+        record(&t, LinkOutcome::Failed, later);
+        assert!(!t.usable_at("d1", later));
+        assert!(!t.usable_at("d1", later + COOLDOWN - Duration::from_millis(1)));
+        assert!(t.usable_at("d1", later + COOLDOWN));
     }
 
     #[test]

@@ -212,10 +212,11 @@ async fn one_failing_sample_fails_the_request_and_drops_the_other_samples() {
     let gw = f.gateway("  retry_max_retries: 1\n").await;
     let path = "/v1/completions";
     for stream in [false, true] {
-        // The failing sample answers once every sample's legs have reached the engines.
+        // The failing sample answers once every sample's legs have reached the engines: 2 s
+        // leaves a loaded machine room to send all three (the others run 400 × 20 ms).
         let fault = Fault::FailStatusAfter {
             status: 500,
-            ms: 300,
+            ms: 2_000,
             count: Some(1),
             matcher: FaultMatch::default(),
         };

@@ -43,14 +43,16 @@ async fn fleet(
     (prefills, decodes)
 }
 
-/// How long an open link stays out. The checks made while it is out stop well before.
-const COOLDOWN: Duration = Duration::from_secs(6);
+/// How long an open link stays out. The checks made while it is out stop well before: within
+/// half of it, which leaves a loaded machine 5 s for them.
+const COOLDOWN: Duration = Duration::from_secs(10);
 
-/// Link health judged after 4 handoffs, probed back after 6 s, closed by 2 good probes. The
-/// per-worker breakers are not under test here: they are set out of reach. Prefills in turn,
-/// decodes at random (a shared round-robin could pair each prefill with one decode forever).
+/// Link health judged after 4 handoffs, probed back after 10 s (`COOLDOWN`), closed by 2 good
+/// probes. The per-worker breakers are not under test here: they are set out of reach. Prefills
+/// in turn, decodes at random (a shared round-robin could pair each prefill with one decode
+/// forever).
 const LINK_KEYS: &str =
-    "  link_min_handoffs: 4\n  link_cooldown_secs: 6\n  link_probe_successes: 2\n  \
+    "  link_min_handoffs: 4\n  link_cooldown_secs: 10\n  link_probe_successes: 2\n  \
     cb_failure_threshold: 1000\n  decode_policy: random\n";
 
 async fn gateway(prefills: &[MockEngine], decodes: &[MockEngine]) -> Gateway {

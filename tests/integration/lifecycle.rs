@@ -2,7 +2,7 @@
 //! breakers opening and recovering (fed only by the legs contacted), whole-pair retries with a
 //! new room, and health checks taking a failing worker out and bringing it back.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mock_engine::{Connector, EngineKind, Fault, FaultMatch, MockEngine, MockEngineConfig, Role};
 use serde_json::{json, Value};
@@ -151,7 +151,8 @@ async fn a_prefill_without_a_compatible_decode_is_skipped() {
 async fn a_breaker_opens_on_consecutive_failures_and_recovers() {
     let p = sglang(Role::Prefill, [127, 0, 0, 2]).await;
     let d = sglang(Role::Decode, [127, 0, 0, 3]).await;
-    let extra = "  cb_failure_threshold: 2\n  cb_success_threshold: 1\n  cb_timeout_duration_secs: 1\n  retry_max_retries: 1\n";
+    // The breaker stays open 5 s: long enough for the checks below on a loaded machine.
+    let extra = "  cb_failure_threshold: 2\n  cb_success_threshold: 1\n  cb_timeout_duration_secs: 5\n  retry_max_retries: 1\n";
     let gw = started(&[p.worker_spec(), d.worker_spec()], extra).await;
     let fail = Fault::FailStatus {
         status: 500,
@@ -188,7 +189,8 @@ async fn a_breaker_opens_on_consecutive_failures_and_recovers() {
 
     // After the open timeout the breaker half-opens; one success closes it.
     let mut ok = false;
-    for _ in 0..100 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
         if gw.post("/generate", &generate()).await.status == 200 {
             ok = true;
@@ -551,7 +553,7 @@ async fn workers_whose_engines_start_after_the_gateway_are_ready_within_seconds(
     for cfg in later {
         engines.push(MockEngine::spawn(cfg).await.unwrap());
     }
-    let up = std::time::Instant::now();
+    let up = Instant::now();
     let mut ready = false;
     // Well under the 30 s interval; the backoff has reached at most a few seconds by now.
     while up.elapsed() < Duration::from_secs(15) {

@@ -323,8 +323,10 @@ async fn concurrent_write_sends_both_legs_at_once_with_params_minted_from_the_pr
     let fleet = MoriFleet::start(Connector::MoriioWrite).await;
     let prefill = labeled(fleet.prefill.worker_spec(), &[("tp_size", Some("1"))]);
     let gw = gateway(&[prefill, concurrent(fleet.decode.worker_spec())], "").await;
-    // The prefill starts late: a sequential gateway would send the decode only after it ended.
-    fleet.prefill.inject(delay_once(300)).await;
+    // The prefill starts late: a sequential gateway would send the decode only after it ended
+    // (1 s: a loaded machine's stall between the two legs must not pass for that, and the push
+    // still lands within the decode's 2 s WRITE wait).
+    fleet.prefill.inject(delay_once(1_000)).await;
     let body = json!({"model": "mock-model", "prompt": "both at once", "max_tokens": 4});
     let r = gw.post(COMPLETIONS, &body).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -864,10 +866,11 @@ async fn a_concurrent_prefill_error_passes_through_and_drops_the_decode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrent_decode_error_status_is_returned_without_waiting_for_the_prefill() {
     let fleet = MoriFleet::start(Connector::MoriioWrite).await;
-    // The decode refuses once the prefill is surely in flight; the prefill never answers.
+    // The decode refuses once the prefill is surely in flight (2 s: time for a loaded machine to
+    // send it); the prefill never answers.
     let decode = FakeEngine::spawn([127, 0, 5, 21], |_| {
         FakeAnswer::Json(
-            Duration::from_millis(300),
+            Duration::from_secs(2),
             503,
             json!({"error": {"message": "decode is full"}}),
         )
@@ -905,9 +908,10 @@ async fn a_concurrent_decode_error_status_is_returned_without_waiting_for_the_pr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrent_decode_transport_error_is_502_and_drops_the_prefill() {
     let fleet = MoriFleet::start(Connector::MoriioWrite).await;
-    // The decode hangs up once the prefill is surely in flight.
+    // The decode hangs up once the prefill is surely in flight (2 s: time for a loaded machine to
+    // send it); the prefill answers only well after that.
     let decode = FakeEngine::spawn([127, 0, 5, 20], |_| {
-        FakeAnswer::HangUp(Duration::from_millis(300))
+        FakeAnswer::HangUp(Duration::from_secs(2))
     })
     .await;
     let d_labels = fake_concurrent_decode_labels("127.0.5.20");
@@ -919,7 +923,7 @@ async fn a_concurrent_decode_transport_error_is_502_and_drops_the_prefill() {
         ONE_ATTEMPT,
     )
     .await;
-    fleet.prefill.inject(delay_once(2_000)).await;
+    fleet.prefill.inject(delay_once(5_000)).await;
     let r = gw.post(COMPLETIONS, &tiny()).await;
     assert_error(&r, 502, "decode_request_failed");
     let p = fleet.prefill.wait_records(1, Duration::from_secs(5)).await;

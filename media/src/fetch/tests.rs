@@ -336,6 +336,12 @@ async fn silent_server_times_out() {
         .await
         .unwrap_err();
     assert_eq!(err, MediaError::Timeout);
+    // The server's accept runs on this thread too: on a stalled machine it may come after the
+    // client's timeout, so wait for it (with a deadline).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.connection_count() == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert_eq!(server.connection_count(), 1);
 }
 

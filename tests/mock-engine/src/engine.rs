@@ -496,9 +496,8 @@ impl RecordGuard {
 
 impl Drop for RecordGuard {
     fn drop(&mut self) {
-        self.shared
-            .counters
-            .with(|c| c.in_flight = c.in_flight.saturating_sub(1));
+        // Recorded before the count drops: whoever waits for the engine to be idle then reads
+        // the request's final outcome.
         if !self.finished {
             self.shared.recorder.update(self.seq, |r| {
                 r.outcome.cancelled = true;
@@ -508,6 +507,9 @@ impl Drop for RecordGuard {
                 }
             });
         }
+        self.shared
+            .counters
+            .with(|c| c.in_flight = c.in_flight.saturating_sub(1));
     }
 }
 

@@ -836,9 +836,8 @@ impl CallGuard {
 /// A gRPC call's guard dropped (`Generate` or an encoder's `Encode`): the call leaves the
 /// in-flight count and, unless it finished, is recorded as cancelled by its client.
 pub(crate) fn call_ended(shared: &Shared, seq: u64, done: bool) {
-    shared
-        .counters
-        .with(|c| c.in_flight = c.in_flight.saturating_sub(1));
+    // Recorded before the count drops: whoever waits for the engine to be idle then reads the
+    // call's final outcome.
     if !done {
         shared.recorder.update(seq, |r| {
             r.outcome.cancelled = true;
@@ -848,6 +847,9 @@ pub(crate) fn call_ended(shared: &Shared, seq: u64, done: bool) {
             }
         });
     }
+    shared
+        .counters
+        .with(|c| c.in_flight = c.in_flight.saturating_sub(1));
 }
 
 impl Drop for CallGuard {
