@@ -71,7 +71,9 @@ fn encode_tokenized(ids: &[u32], field: IdsField) -> Bytes {
     out.resize(HEADS, 0);
     // The ids in a plain loop: prost's `encode_varint` goes through `BufMut` per byte. (Built
     // in a word and stored 8 bytes at once, without a branch per byte, an id took 33
-    // instructions against 16: not kept.)
+    // instructions against 16: not kept. Written into the reserved capacity, straight-line for
+    // each length with one bounds check per id, a 1 KB chat's prompt took 12,731 against 12,053:
+    // not kept either.)
     for &id in ids {
         let mut v = id;
         while v >= 0x80 {
