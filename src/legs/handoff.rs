@@ -113,6 +113,7 @@ pub fn account(settings: &Settings, ctx: &RequestCtx, pair: &Pair, outcome: &Att
         pair.decode.url(),
         link,
         &settings.links,
+        std::time::Instant::now(),
     );
 }
 

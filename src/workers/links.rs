@@ -178,29 +178,9 @@ impl LinkTable {
         }
     }
 
-    /// Records one handoff from `prefill_url` to the decode `decode_id` / `decode_url`.
+    /// Records one handoff from `prefill_url` to the decode `decode_id` / `decode_url`, ended
+    /// at `now`.
     pub fn record(
-        &self,
-        prefill_url: &str,
-        decode_id: &str,
-        decode_url: &str,
-        outcome: LinkOutcome,
-        settings: &LinkSettings,
-    ) {
-        if settings.enabled {
-            self.record_at(
-                prefill_url,
-                decode_id,
-                decode_url,
-                outcome,
-                settings,
-                Instant::now(),
-            );
-        }
-    }
-
-    /// [`LinkTable::record`] at `now`, link health being enabled.
-    fn record_at(
         &self,
         prefill_url: &str,
         decode_id: &str,
@@ -209,6 +189,9 @@ impl LinkTable {
         settings: &LinkSettings,
         now: Instant,
     ) {
+        if !settings.enabled {
+            return;
+        }
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         // One lookup for the link every handoff after the first finds.
         let link = match links.get_mut(decode_id) {
@@ -351,7 +334,7 @@ mod tests {
     const COOLDOWN: Duration = Duration::from_secs(30);
 
     fn record(t: &LinkTable, outcome: LinkOutcome, at: Instant) {
-        t.record_at("http://p", "d1", "http://d1", outcome, &settings(), at);
+        t.record("http://p", "d1", "http://d1", outcome, &settings(), at);
     }
 
     #[test]
@@ -400,7 +383,14 @@ mod tests {
             ..settings()
         };
         for _ in 0..10 {
-            t.record("http://p", "d1", "http://d1", LinkOutcome::Failed, &off);
+            t.record(
+                "http://p",
+                "d1",
+                "http://d1",
+                LinkOutcome::Failed,
+                &off,
+                Instant::now(),
+            );
         }
         assert!(t.usable("d1"));
     }
