@@ -418,7 +418,7 @@ mod tests {
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n";
 
     /// What the engine does after its head and the first half of a 10-byte body.
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, Debug)]
     enum Then {
         /// Sends the rest when the test says so.
         Finish,
@@ -582,20 +582,17 @@ mod tests {
         // Dropped at once (the body's first half may not have arrived yet), and dropped once
         // that half arrived after the head was read (then, when the leg runs in the request's
         // task, it lies unread in the gateway's socket and the close goes out as a reset).
-        for (placement, after_half) in PLACEMENTS.into_iter().flat_map(|p| [(p, false), (p, true)])
+        for (placement, then) in PLACEMENTS
+            .into_iter()
+            .flat_map(|p| [(p, Then::Finish), (p, Then::FinishLate)])
         {
-            let then = if after_half {
-                Then::FinishLate
-            } else {
-                Then::Finish
-            };
             let (l, go, mut saw) = past_head(then, placement, false).await;
             let Leg {
                 leg,
                 worker,
                 mut ended,
             } = l;
-            if after_half {
+            if let Then::FinishLate = then {
                 go.send(()).await.unwrap();
                 assert_eq!(
                     within(saw.recv()).await,
@@ -608,11 +605,7 @@ mod tests {
             if seen == Some(Saw::HalfSent) {
                 seen = within(saw.recv()).await;
             }
-            assert_eq!(
-                seen,
-                Some(Saw::Closed),
-                "{placement:?} after_half={after_half}"
-            );
+            assert_eq!(seen, Some(Saw::Closed), "{placement:?} {then:?}");
             // Cancelled: nothing is reported (the closure is dropped with the leg).
             assert!(within(ended.recv()).await.is_none(), "{placement:?}");
             // An aborted task drops its state after the closure: wait for it, with a deadline.
