@@ -444,7 +444,13 @@ mod tests {
         let l = Limiter::new(limits(Some(2), 10, 60_000, Some(20))).unwrap();
         drop(l.admit(std::future::pending::<()>).await.unwrap());
         drop(l.admit(std::future::pending::<()>).await.unwrap());
-        // The third waits for the bucket (a burst of 2): 20 per second is one per 50 ms.
+        // A burst of 2, asked at the bucket's epoch (a refusal takes nothing): whenever the two
+        // came, their tokens reach at least 100 ms past it, the burst's whole tolerance.
+        assert!(
+            l.rate.as_ref().unwrap().try_take_at(0).is_err(),
+            "a burst of 2"
+        );
+        // The third waits for the bucket: 20 per second is one per 50 ms.
         drop(l.admit(std::future::pending::<()>).await.unwrap());
         let waited = t0.elapsed();
         assert!(waited >= Duration::from_millis(40), "{waited:?}");
