@@ -64,6 +64,7 @@ pub struct Metrics {
     pub worker_health_checks: IntCounterVec,
     pub worker_cb_state: IntGaugeVec,
     pub worker_cb_transitions: IntCounterVec,
+    pub worker_cb_health_readmissions: IntCounterVec,
     pub worker_cb_outcomes: IntCounterVec,
     pub worker_cb_consecutive_failures: IntGaugeVec,
     pub worker_cb_consecutive_successes: IntGaugeVec,
@@ -315,6 +316,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "smg_worker_cb_transitions_total",
         "Circuit breaker state changes",
         &["worker", "from", "to"],
+    ),
+    worker_cb_health_readmissions: counter_vec(
+        "smg_worker_cb_health_readmissions_total",
+        "Times a worker's open circuit breaker went half-open because the worker's health returned (its promotion to Ready) rather than at the breaker's timeout",
+        &["worker"],
     ),
     worker_cb_outcomes: counter_vec(
         "smg_worker_cb_outcomes_total",

@@ -2,7 +2,10 @@
 //! failure threshold, `open → half_open` once the open timeout passed (checked lazily when the
 //! state is read), `half_open → closed` after the success threshold, any half-open failure
 //! reopens. Fed only by legs actually contacted: a failed prefill never touches the decode's
-//! breaker, and a leg the gateway dropped records nothing.
+//! breaker, and a leg the gateway dropped records nothing. As in SMG 1.13.0, a worker whose
+//! health returns (promoted to Ready by the health checker) has an open breaker half-opened at
+//! once instead of waiting out the open timeout (`smg_worker_cb_health_readmissions_total`): a
+//! restarted engine serves again on its first good probe, not up to `cb_timeout_secs` later.
 //!
 //! The hot path (`allows` on a closed breaker) is one atomic load; transitions take a short
 //! lock that is never held across an `.await`.
@@ -73,6 +76,7 @@ struct Series {
     failures: IntCounter,
     consecutive_failures: IntGauge,
     consecutive_successes: IntGauge,
+    health_readmissions: IntCounter,
 }
 
 /// The global settings with a worker's `resilience` overrides applied.
@@ -116,6 +120,9 @@ impl Breaker {
                 .with_label_values(&[worker]),
             consecutive_successes: METRICS
                 .worker_cb_consecutive_successes
+                .with_label_values(&[worker]),
+            health_readmissions: METRICS
+                .worker_cb_health_readmissions
                 .with_label_values(&[worker]),
         };
         series.state.set(0);
@@ -165,6 +172,24 @@ impl Breaker {
                 due
             }
         }
+    }
+
+    /// The worker's health returned (the health checker promoted it to Ready): an open breaker
+    /// goes half-open now rather than at its timeout, so the next requests test it; a closed or
+    /// half-open one is left as it is. True when it re-admitted the worker.
+    pub fn readmit_on_health(&self) -> bool {
+        if self.phase() != Phase::Open {
+            return false;
+        }
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if self.phase() != Phase::Open {
+            return false;
+        }
+        c.consecutive_successes = 0;
+        self.series.consecutive_successes.set(0);
+        self.transition(Phase::Open, Phase::HalfOpen);
+        self.series.health_readmissions.inc();
+        true
     }
 
     /// Records one leg's status (`None`: a transport failure, counted as a failure).
@@ -284,6 +309,35 @@ mod tests {
         assert_eq!(b.phase(), Phase::HalfOpen);
         b.record_status(Some(200));
         assert_eq!(b.phase(), Phase::Closed);
+    }
+
+    #[test]
+    fn returning_health_half_opens_an_open_breaker_before_its_timeout() {
+        let b = breaker(1, 2, Duration::from_secs(3600));
+        assert!(!b.readmit_on_health(), "a closed breaker stays closed");
+        assert_eq!(b.phase(), Phase::Closed);
+        b.record_status(None);
+        assert!(!b.allows(), "open for an hour");
+        let readmitted = METRICS
+            .worker_cb_health_readmissions
+            .with_label_values(&["http://test-breaker"]);
+        let before = readmitted.get();
+        assert!(b.readmit_on_health());
+        assert_eq!(b.phase(), Phase::HalfOpen);
+        assert_eq!(readmitted.get(), before + 1);
+        assert!(b.allows(), "the next request tests the worker");
+        assert!(!b.readmit_on_health(), "already half-open: nothing to do");
+        assert_eq!(readmitted.get(), before + 1);
+        // Half-open as after a timeout: the success threshold closes it, a failure reopens it.
+        b.record_status(Some(200));
+        assert_eq!(b.phase(), Phase::HalfOpen);
+        b.record_status(Some(200));
+        assert_eq!(b.phase(), Phase::Closed);
+        b.record_status(Some(502));
+        assert!(b.readmit_on_health());
+        b.record_status(Some(502));
+        assert_eq!(b.phase(), Phase::Open, "a failed test reopens it");
+        assert!(!b.allows());
     }
 
     #[test]

@@ -101,7 +101,11 @@ impl HealthChecker {
                     w.status().as_str(),
                     n.as_str()
                 );
+                let was = w.status();
                 w.set_status(n);
+                if n == Status::Ready && was != Status::Pending {
+                    w.breaker.readmit_on_health();
+                }
             }
         }
         let wait = if w.status() == Status::Pending {

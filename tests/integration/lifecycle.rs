@@ -359,6 +359,84 @@ async fn health_checks_take_a_dead_decode_out_and_bring_it_back() {
     assert_eq!(d2.records().len(), 1);
 }
 
+/// SMG 1.13.0's health re-admission: a decode whose breaker opened and that then came back
+/// (the health checker promoted it to Ready again) serves at once, not only after the breaker's
+/// open timeout — here an hour, so only the re-admission can explain the 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_back_in_health_is_readmitted_before_its_breaker_timeout() {
+    // IPs no other test uses: the decode's port stays free on its IP while it is down.
+    let p = sglang(Role::Prefill, [127, 0, 12, 2]).await;
+    let d = sglang(Role::Decode, [127, 0, 12, 3]).await;
+    let port = d.port();
+    let mut decode_spec = d.worker_spec();
+    decode_spec["resilience"] =
+        json!({"cb_failure_threshold": 1, "cb_success_threshold": 1, "cb_timeout_secs": 3600});
+    let extra = "  health_failure_threshold: 1\n  health_success_threshold: 1\n  health_check_timeout_secs: 1\n  retry_max_retries: 1\n";
+    let gw = started(&[p.worker_spec(), decode_spec], extra).await;
+    let decode_url = d.api_url();
+
+    d.inject(Fault::FailStatus {
+        status: 500,
+        body: None,
+        count: Some(1),
+        matcher: FaultMatch::default(),
+    })
+    .await;
+    assert_eq!(gw.post("/generate", &generate()).await.status, 500);
+    let m = gw
+        .metrics_when(|m| {
+            metric_value(m, "smg_worker_cb_state", &[("worker", &decode_url)]) == Some(1.0)
+        })
+        .await;
+    assert_eq!(
+        metric_value(&m, "smg_worker_cb_state", &[("worker", &decode_url)]),
+        Some(1.0),
+        "{m}"
+    );
+    let r = gw.post("/generate", &generate()).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+
+    // The engine goes away and comes back on the same address.
+    d.kill();
+    drop(d);
+    let mut out = false;
+    for _ in 0..200 {
+        if gw.get("/readiness").await.status == 503 {
+            out = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(out, "a dead decode stayed ready");
+    let mut cfg = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 12, 3]);
+    cfg.port = port;
+    let d2 = MockEngine::spawn(cfg).await.unwrap();
+    gw_wait_ready(&gw).await;
+
+    let r = gw.post("/generate", &generate()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(d2.records().len(), 1);
+    let m = gw
+        .metrics_when(|m| {
+            metric_value(m, "smg_worker_cb_state", &[("worker", &decode_url)]) == Some(0.0)
+        })
+        .await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "smg_worker_cb_health_readmissions_total",
+            &[("worker", &decode_url)]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "smg_worker_cb_state", &[("worker", &decode_url)]),
+        Some(0.0),
+        "half-open, then closed by the success"
+    );
+}
+
 async fn gw_wait_ready(gw: &Gateway) {
     for _ in 0..200 {
         if gw.get("/readiness").await.status == 200 {
