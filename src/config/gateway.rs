@@ -554,7 +554,9 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = defaults::CB_SUCCESS_THRESHOLD, help_heading = "Circuit Breaker")]
     pub cb_success_threshold: u32,
 
-    /// Seconds an open breaker waits before half-open.
+    /// Seconds an open breaker waits before half-open; sooner if the health checker promotes
+    /// the worker to Ready again (SMG 1.13.0's re-admission, counted in
+    /// `smg_worker_cb_health_readmissions_total`).
     #[arg(long, default_value_t = defaults::CB_TIMEOUT_DURATION_SECS, help_heading = "Circuit Breaker")]
     pub cb_timeout_duration_secs: u64,
 
