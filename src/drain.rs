@@ -21,9 +21,16 @@
 //!    (FIN) first, then its input is read and discarded until the client closes too (bounded by
 //!    [`LINGER`]), so the kernel never answers a late request with a reset.
 //!
+//! 5. **The process exits once its last client connection closed** (or when Pingora's grace
+//!    period ends, whichever is first), not at the end of the grace period whatever the load:
+//!    Pingora 0.9.1 sleeps the whole `grace_period_seconds` after SIGTERM, so an idle gateway
+//!    lingered 180 s (SMG exits within seconds). On SIGTERM idle connections wait at most
+//!    [`TERMINATE_IDLE_WAIT`] for a next request (no process takes over, and keep-alive pools
+//!    would otherwise hold the process for the whole grace); at an upgrade they wait the grace.
+//!
 //! The proxy's own `http_cleanup` is never called: it would drop the idle sessions at once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -36,7 +43,7 @@ use pingora::proxy::{HttpProxy, ProxyHttp, Session};
 use pingora::server::{ExecutionPhase, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, watch, Notify};
 use tokio::time::Instant;
 
 use crate::scratch;
@@ -49,6 +56,25 @@ pub const LINGER: Duration = Duration::from_secs(2);
 /// `process_new` default keep-alive for a new connection).
 const NEW_CONNECTION_KEEPALIVE_SECS: u64 = 60;
 
+/// On SIGTERM, how long an idle keep-alive connection may still bring a request (answered with
+/// `Connection: close`) before it is closed: long enough for a load balancer to stop sending,
+/// short enough that pooled idle connections do not hold the exit for the whole grace period.
+pub const TERMINATE_IDLE_WAIT: Duration = Duration::from_secs(5);
+
+/// After the shutdown starts, how long the exit waits before it counts connections: a connection
+/// accepted just before the listener stopped is counted once its task first runs.
+const EXIT_SETTLE: Duration = Duration::from_millis(500);
+
+/// Why the drain started: the grace idle connections get differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainReason {
+    /// The listeners went to a new process (SIGQUIT): idle connections wait the grace period.
+    Upgrade,
+    /// SIGTERM (or the end of an upgrade's hand-over): idle connections wait at most
+    /// [`TERMINATE_IDLE_WAIT`].
+    Shutdown,
+}
+
 /// The drain state of the process (one process, one drain): read on every response head.
 pub static DRAIN: LazyLock<Drain> = LazyLock::new(Drain::new);
 
@@ -58,6 +84,10 @@ pub struct Drain {
     idle_until: watch::Sender<Option<Instant>>,
     /// How long idle connections may still bring a request once the drain started, ms.
     idle_grace_ms: AtomicU64,
+    /// Client connections open (served by [`DrainingApp`]).
+    open: AtomicUsize,
+    /// Woken when the last open connection closes during a drain.
+    all_closed: Notify,
 }
 
 impl Drain {
@@ -66,6 +96,8 @@ impl Drain {
             draining: AtomicBool::new(false),
             idle_until: watch::Sender::new(None),
             idle_grace_ms: AtomicU64::new(0),
+            open: AtomicUsize::new(0),
+            all_closed: Notify::new(),
         }
     }
 
@@ -81,16 +113,38 @@ impl Drain {
     }
 
     /// Starts the drain (the first call wins; later calls change nothing).
-    pub fn start(&self, why: &str) {
+    pub fn start(&self, reason: DrainReason, why: &str) {
         if self.draining.swap(true, Ordering::SeqCst) {
             return;
         }
-        let grace = Duration::from_millis(self.idle_grace_ms.load(Ordering::Relaxed));
+        let mut grace = Duration::from_millis(self.idle_grace_ms.load(Ordering::Relaxed));
+        if reason == DrainReason::Shutdown {
+            grace = grace.min(TERMINATE_IDLE_WAIT);
+        }
         log::info!(
             "draining client connections ({why}): responses close their connection; idle \
              connections close in {grace:?}"
         );
         self.idle_until.send_replace(Some(Instant::now() + grace));
+    }
+
+    /// Counts a client connection open until the guard drops.
+    fn opened(&'static self) -> OpenConnection {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        OpenConnection(self)
+    }
+
+    /// Resolves once no client connection is open (at once when none is).
+    pub async fn all_closed(&self) {
+        loop {
+            let notified = self.all_closed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.open.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Marks the response about to be written as the connection's last (`Connection: close`)
@@ -144,6 +198,17 @@ impl Drain {
             }
         };
         arrived.map(|head| Arrived { stream, head })
+    }
+}
+
+/// One open client connection, counted in [`Drain::open`] while it lives.
+struct OpenConnection(&'static Drain);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.all_closed.notify_waiters();
+        }
     }
 }
 
@@ -213,6 +278,7 @@ where
         // Pipelining stays off (Pingora's default), so a connection handed back between two
         // requests never holds bytes of the next one: waiting on the socket is enough.
         // Its writes are gathered until a flush (one write per answer, see `crate::gather`).
+        let _open = DRAIN.opened();
         let mut arrived = DRAIN
             .first_request(crate::gather::Gathered::wrap(stream))
             .await?;
@@ -233,7 +299,7 @@ where
     /// Pingora stopped accepting on this service's listeners (its shutdown started): drain, but
     /// leave the proxy's own cleanup alone (it would drop idle connections at once).
     async fn cleanup(&self) {
-        DRAIN.start("shutdown");
+        DRAIN.start(DrainReason::Shutdown, "shutdown");
     }
 }
 
@@ -249,9 +315,12 @@ fn session_for(arrived: Arrived, settings: Option<HttpPersistentSettings>) -> Se
 }
 
 /// Starts the drain as soon as the listeners have been handed to a new process, or a graceful
-/// shutdown began (Pingora's execution phases).
+/// shutdown began (Pingora's execution phases); once the listeners stopped and the last client
+/// connection closed, calls `exit` (the process need not sleep out Pingora's grace period).
 pub struct DrainOnShutdown {
     pub phases: std::sync::Mutex<Option<broadcast::Receiver<ExecutionPhase>>>,
+    /// Ends the process once drained (flushes what must go out first); never returns.
+    pub exit: fn(),
 }
 
 #[async_trait]
@@ -263,20 +332,28 @@ impl BackgroundService for DrainOnShutdown {
             let phase = tokio::select! {
                 p = phases.recv() => p,
                 _ = shutdown.changed() => {
-                    DRAIN.start("shutdown");
-                    return;
+                    DRAIN.start(DrainReason::Shutdown, "shutdown");
+                    break;
                 }
             };
             match phase {
                 Ok(ExecutionPhase::GracefulUpgradeCloseTimeout) => {
-                    DRAIN.start("listeners handed to the new process");
+                    DRAIN.start(DrainReason::Upgrade, "listeners handed to the new process");
                 }
                 Ok(ExecutionPhase::GracefulTerminate | ExecutionPhase::ShutdownStarted) => {
-                    DRAIN.start("graceful shutdown");
+                    DRAIN.start(DrainReason::Shutdown, "graceful shutdown");
                 }
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(broadcast::error::RecvError::Closed) => return,
             }
         }
+        // The listeners stop with the shutdown broadcast; a connection accepted just before is
+        // counted once its task runs.
+        tokio::time::sleep(EXIT_SETTLE).await;
+        DRAIN.all_closed().await;
+        log::info!("drained: no client connection is open; exiting");
+        let exit = self.exit;
+        // Off the runtime: the exit may block (the trace exporter's flush).
+        std::thread::spawn(exit);
     }
 }

@@ -113,6 +113,7 @@ pub fn build(loaded: LoadedConfig, opt: Opt) -> Result<Server, BuildError> {
         "connection drain",
         DrainOnShutdown {
             phases: std::sync::Mutex::new(Some(server.watch_execution_phase())),
+            exit: exit_now,
         },
     ));
 
@@ -168,6 +169,13 @@ const TRACE_FLUSH_DEADLINE: std::time::Duration = std::time::Duration::from_secs
 /// the process as soon as its runtimes are down, before spans ended by that shutdown could go.
 pub fn run(server: Server) -> ! {
     server.run(pingora::server::RunArgs::default());
+    exit_now();
+    unreachable!("exit_now returns only by exiting")
+}
+
+/// Flushes the trace exporter (bounded) and exits: at the end of Pingora's run, or as soon as a
+/// graceful shutdown or upgrade has drained every client connection (`crate::drain`).
+fn exit_now() {
     crate::trace::shutdown(TRACE_FLUSH_DEADLINE);
     std::process::exit(0)
 }

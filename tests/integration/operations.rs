@@ -537,6 +537,61 @@ async fn sigterm_answers_keep_alive_clients_before_closing_their_connections() {
     );
 }
 
+/// SIGTERM with a long grace period: a stream in flight still ends whole, an idle keep-alive
+/// connection is closed after its short wait, and then the process exits — it does not sleep out
+/// the grace period (Pingora alone lingered all 120 s of it, even with nothing to serve).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_once_drained_not_at_the_end_of_the_grace_period() {
+    let p = sglang(Role::Prefill, [127, 0, 4, 15]).await;
+    let mut dc = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 4, 16]);
+    dc.itl_ms = 20;
+    let d = MockEngine::spawn(dc).await.unwrap();
+    let (port, prom, dir) = (free_port(), free_port(), tmp());
+    let conf = dir.join(format!("term-exit-{port}.yaml"));
+    std::fs::write(
+        &conf,
+        conf_text(port, prom, &dir, &[p.worker_spec(), d.worker_spec()], 120),
+    )
+    .unwrap();
+    let mut gw = Gateway::spawn(&conf, port, prom, dir.join(format!("term-exit-{port}.log")));
+    gw.wait_ready().await;
+
+    // An idle keep-alive connection (one request served on it), and a stream of ~100 tokens.
+    let mut idle = KeepAlive::new(([127, 0, 0, 1], port).into());
+    let body = json!({"text": "idle", "sampling_params": {"max_new_tokens": 2}});
+    assert_eq!(
+        idle.post_json("/generate", &body).await.unwrap().status,
+        200
+    );
+    let long = json!({"text": "long", "stream": true, "sampling_params": {"max_new_tokens": 100, "ignore_eos": true}});
+    let mut s = gw.stream("/generate", &long).await;
+    assert_eq!(s.status, 200);
+    s.next_chunk()
+        .await
+        .expect("a first chunk")
+        .expect("readable");
+
+    gw.signal("TERM");
+    let rest = s.body_bytes().await.expect("the stream ends whole");
+    assert!(
+        String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"),
+        "{}",
+        String::from_utf8_lossy(&rest)
+    );
+    // Well under the 120 s grace: the stream's end, then the idle connection's 5 s wait.
+    let status = gw.wait_exit(Duration::from_secs(60)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the gateway did not exit once drained: {status:?}\n{}",
+        gw.log()
+    );
+    assert!(
+        gw.log().contains("drained: no client connection is open"),
+        "{}",
+        gw.log()
+    );
+}
+
 /// A ConfigMap-style update: the workers file is a symlink into a `..data` directory that is
 /// swapped atomically (how kubelet updates a mounted ConfigMap).
 fn configmap_write(dir: &Path, version: u32, workers: &[Value]) {
