@@ -44,7 +44,7 @@ impl Reply {
             content_type: JSON,
             body: Bytes::from(render_error(status, code.as_str(), message.as_ref())),
             error_code: Some(code.as_str()),
-            retry_after: None,
+            retry_after: code.fixed_retry_after_secs(),
             retryable: false,
             headers: Vec::new(),
         }

@@ -232,14 +232,27 @@ impl ErrorCode {
         )
     }
 
-    /// Whether the answer carries `Retry-After` (overload sheds and admission refusals).
+    /// Whether the answer carries `Retry-After` (overload sheds, admission refusals, and a leg
+    /// without an available worker).
     pub const fn sends_retry_after(self) -> bool {
         matches!(
             self,
             ErrorCode::WorkerOverloadProtectionShed
                 | ErrorCode::AdmissionQueueFull
                 | ErrorCode::AdmissionQueueTimeout
+                | ErrorCode::NoAvailableWorkers
         )
+    }
+
+    /// The `Retry-After` seconds a code carries whatever the configuration: 1 for
+    /// `no_available_workers`, SMG 1.13.0's header on that refusal (measured side by side). The
+    /// other codes that send one take it from the configuration (the load monitor's interval,
+    /// the admission queue's), set where they are answered.
+    pub const fn fixed_retry_after_secs(self) -> Option<u64> {
+        match self {
+            ErrorCode::NoAvailableWorkers => Some(1),
+            _ => None,
+        }
     }
 
     /// Whether the code can be sent as the `X-SMG-Error-Code` header value (visible ASCII).
@@ -555,7 +568,7 @@ mod tests {
     }
 
     #[test]
-    fn only_overload_sheds_and_admission_refusals_send_retry_after() {
+    fn only_refusals_a_retry_can_clear_send_retry_after() {
         let with: Vec<_> = ErrorCode::ALL
             .iter()
             .filter(|c| c.sends_retry_after())
@@ -563,11 +576,18 @@ mod tests {
         assert_eq!(
             with,
             [
+                &ErrorCode::NoAvailableWorkers,
                 &ErrorCode::WorkerOverloadProtectionShed,
                 &ErrorCode::AdmissionQueueFull,
                 &ErrorCode::AdmissionQueueTimeout
             ]
         );
+        for c in ErrorCode::ALL {
+            if c.fixed_retry_after_secs().is_some() {
+                assert!(c.sends_retry_after(), "{c:?}");
+            }
+        }
+        assert_eq!(ErrorCode::NoAvailableWorkers.fixed_retry_after_secs(), Some(1));
         assert_eq!(retry_after_secs(0), 1);
         assert_eq!(retry_after_secs(10), 10);
     }

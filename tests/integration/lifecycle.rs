@@ -181,6 +181,7 @@ async fn a_breaker_opens_on_consecutive_failures_and_recovers() {
     let r = gw.post("/generate", &generate()).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["error"]["code"], "no_available_workers");
+    assert_eq!(r.header("retry-after"), Some("1"), "SMG 1.13.0's header");
     assert!(r.json()["error"]["message"]
         .as_str()
         .unwrap()
