@@ -269,7 +269,8 @@ async fn wrong_typed_handoff_fields_are_replaced_never_forwarded() {
     // answer is not a 4xx but a normal 200 whose legs carry only the gateway's values.
     let forged = json!({"text": "hi", "sampling_params": {"max_new_tokens": 2},
         "bootstrap_room": "x", "bootstrap_host": 5, "bootstrap_port": "x",
-        "routed_dp_rank": {"a": 1}, "disagg_prefill_dp_rank": -1, "kv_transfer_params": []});
+        "routed_dp_rank": {"a": 1}, "disagg_prefill_dp_rank": -1, "data_parallel_rank": 3,
+        "kv_transfer_params": []});
     let r = gw.post("/generate", &forged).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let p = fleet.prefill.wait_records(1, Duration::from_secs(5)).await;
@@ -298,6 +299,10 @@ async fn wrong_typed_handoff_fields_are_replaced_never_forwarded() {
         assert!(
             leg.get("disagg_prefill_dp_rank").is_none(),
             "client DP rank forwarded: {leg}"
+        );
+        assert!(
+            leg.get("data_parallel_rank").is_none(),
+            "client DP rank forwarded under SGLang's deprecated name: {leg}"
         );
     }
 

@@ -15,6 +15,9 @@ pub const BOOTSTRAP_ROOM: &str = "bootstrap_room";
 pub const ROUTED_DP_RANK: &str = "routed_dp_rank";
 /// Decode leg only: the DP rank the prefill leg went to.
 pub const DISAGG_PREFILL_DP_RANK: &str = "disagg_prefill_dp_rank";
+/// SGLang's deprecated spelling of [`ROUTED_DP_RANK`] (the engine copies it there when
+/// `routed_dp_rank` is unset), so a client could steer a leg's DP rank through it.
+pub const DATA_PARALLEL_RANK: &str = "data_parallel_rank";
 
 /// Keys a client may not set itself on SGLang legs; they are stripped before the gateway adds
 /// its own (a forged room would let a client join or break another request's rendezvous).
@@ -24,6 +27,7 @@ pub const CLIENT_FORBIDDEN_KEYS: &[&str] = &[
     BOOTSTRAP_ROOM,
     ROUTED_DP_RANK,
     DISAGG_PREFILL_DP_RANK,
+    DATA_PARALLEL_RANK,
     KV_TRANSFER_PARAMS,
 ];
 
@@ -332,7 +336,7 @@ mod tests {
     #[test]
     fn client_bootstrap_and_handoff_keys_are_replaced() {
         let body = r#"{"bootstrap_room":5,"bootstrap_host":"evil","bootstrap_port":1,
-            "routed_dp_rank":9,"disagg_prefill_dp_rank":9,"kv_transfer_params":{},
+            "routed_dp_rank":9,"disagg_prefill_dp_rank":9,"data_parallel_rank":9,"kv_transfer_params":{},
             "bootstrap_r\u006fom":6,"text":"x"}"#;
         let (out, v) = leg(body, &Rooms::Single(77), Leg::Prefill, &DpRanks::default());
         assert_eq!(
