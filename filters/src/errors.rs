@@ -587,7 +587,10 @@ mod tests {
                 assert!(c.sends_retry_after(), "{c:?}");
             }
         }
-        assert_eq!(ErrorCode::NoAvailableWorkers.fixed_retry_after_secs(), Some(1));
+        assert_eq!(
+            ErrorCode::NoAvailableWorkers.fixed_retry_after_secs(),
+            Some(1)
+        );
         assert_eq!(retry_after_secs(0), 1);
         assert_eq!(retry_after_secs(10), 10);
     }

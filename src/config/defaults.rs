@@ -39,8 +39,8 @@ pub const OVERLOAD_TOKEN_USAGE_THRESHOLD: f32 = 1.0;
 pub const OVERLAP_DECAY: f32 = 0.0;
 /// SMG: `--selection-temperature` (0 = argmax).
 pub const SELECTION_TEMPERATURE: f32 = 0.0;
-/// SMG: `--eviction-interval`, seconds.
-pub const EVICTION_INTERVAL_SECS: u64 = 120;
+/// SMG 1.13.0: `--eviction-interval-secs` (older SMG: `--eviction-interval`, 120), seconds.
+pub const EVICTION_INTERVAL_SECS: u64 = 60;
 /// SMG: `--max-tree-size`.
 pub const MAX_TREE_SIZE: usize = 67_108_864;
 /// SMG: `--block-size`.
@@ -69,7 +69,8 @@ pub const LEAST_LOAD_MAX_WAITING_REQUESTS: u32 = 0;
 pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
 /// SMG: power_of_two and least_load poll interval inside the policy, seconds (not a flag).
 pub const POLICY_LOAD_CHECK_INTERVAL_SECS: u64 = 5;
-/// SMG: the bucket policy re-balances its boundaries this often, seconds (not a flag).
+/// SMG: the bucket policy re-balances its boundaries this often, seconds (SMG 1.13.0's
+/// `--bucket-adjust-interval-secs` default; pdgate accepts that flag and ignores it).
 pub const BUCKET_ADJUST_INTERVAL_SECS: u64 = 5;
 /// SMG: the bucket policy starts from a request-length range this wide (not a flag).
 pub const BUCKET_INITIAL_RANGE: usize = 4096;

@@ -319,7 +319,7 @@ pub struct GatewayConfig {
     pub selection_temperature: f32,
 
     /// Seconds between cache-tree (and sticky-map) eviction cycles.
-    #[arg(long, default_value_t = defaults::EVICTION_INTERVAL_SECS, help_heading = "Routing Policy")]
+    #[arg(long = "eviction-interval-secs", alias = "eviction-interval", default_value_t = defaults::EVICTION_INTERVAL_SECS, help_heading = "Routing Policy")]
     pub eviction_interval: u64,
 
     /// cache_aware: maximum size of each model's tree (characters over HTTP).

@@ -5,6 +5,8 @@
 //!   optional bootstrap port is folded into one token by [`normalize_launch_argv`]);
 //! - `--runtime-worker-threads`, `--shutdown-grace-period-secs`: process settings, mapped onto
 //!   Pingora's `threads` / `grace_period_seconds` (under `run -c`, write Pingora's keys);
+//! - `--no-remove-unhealthy-workers`, `--disable-worker-overload-protection`: SMG's "off"
+//!   switches, mapped onto gateway keys (in YAML, write those keys);
 //! - every other SMG flag, parsed so an SMG command line is accepted by the parser, then either
 //!   refused (a feature pdgate does not have: the operator must know) or accepted with a notice
 //!   (no effect on the HTTP PD path). The dispositions are one table, [`SMG_ONLY_FLAGS`], which
@@ -147,6 +149,22 @@ pub struct LaunchArgs {
     #[arg(long, default_value_t = defaults::SHUTDOWN_GRACE_PERIOD_SECS, help_heading = "Process")]
     pub shutdown_grace_period_secs: u64,
 
+    /// Keep workers that reach the terminal failed state, even under service discovery (SMG's
+    /// `--no-` form; `remove_unhealthy_workers: false` in YAML).
+    #[arg(
+        long,
+        visible_alias = "no-worker-auto-recovery",
+        conflicts_with = "remove_unhealthy_workers",
+        help_heading = "Health Checks"
+    )]
+    pub no_remove_unhealthy_workers: bool,
+
+    /// Switch the gateway-wide overload protection off, whatever --worker-overload-protection
+    /// and the --worker-overload-* thresholds say (a worker spec's `overload` still applies);
+    /// in YAML, leave those keys out.
+    #[arg(long, help_heading = "Load Monitoring")]
+    pub disable_worker_overload_protection: bool,
+
     #[command(flatten)]
     pub smg_only: SmgOnlyFlags,
 }
@@ -164,6 +182,9 @@ pub enum Disposition {
 /// and why. One table for `launch` (refuse/notice) and YAML (explain an unknown key).
 pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
     use Disposition::{Ignored, Refused};
+    const NO_MEMORY_HISTORY: &str = "the memory history backend stores nothing in pdgate; /v1/responses is proxied to the engine";
+    const NO_WARM_UP: &str = "cache_aware has no warm-up slice: a new worker, holding the fewest requests, takes the cache misses as the min-load worker";
+    const NO_SILENCE_RULE: &str = "pdgate takes a worker out of routing on failed health probes and its circuit breaker (a prefill → decode link on failed handoffs), not on silence";
     &[
         ("worker_urls", Refused, "regular (non-PD) workers are SMG's regular mode; pdgate serves only PD: use --prefill/--decode"),
         ("enable_igw", Refused, "IGW (multi-model, multi-router) mode is not supported; pdgate is a PD router"),
@@ -187,7 +208,9 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("oracle_wallet_path", Refused, "history storage is not supported"),
         ("oracle_tns_alias", Refused, "history storage is not supported"),
         ("oracle_dsn", Refused, "history storage is not supported"),
+        ("oracle_connect_descriptor", Refused, "history storage is not supported"),
         ("oracle_user", Refused, "history storage is not supported"),
+        ("oracle_username", Refused, "history storage is not supported"),
         ("oracle_password", Refused, "history storage is not supported"),
         ("oracle_external_auth", Refused, "history storage is not supported"),
         ("oracle_pool_min", Refused, "history storage is not supported"),
@@ -195,29 +218,51 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("oracle_pool_timeout_secs", Refused, "history storage is not supported"),
         ("postgres_db_url", Refused, "history storage is not supported"),
         ("postgres_pool_max_size", Refused, "history storage is not supported"),
+        ("postgres_pool_max", Refused, "history storage is not supported"),
+        ("postgres_op_timeout_secs", Refused, "history storage is not supported"),
         ("redis_url", Refused, "history storage is not supported"),
         ("redis_pool_max_size", Refused, "history storage is not supported"),
+        ("redis_pool_max", Refused, "history storage is not supported"),
         ("redis_retention_days", Refused, "history storage is not supported"),
+        ("redis_op_timeout_secs", Refused, "history storage is not supported"),
         ("tls_cert_path", Refused, "TLS termination is not supported yet; terminate TLS in front of pdgate"),
         ("tls_key_path", Refused, "TLS termination is not supported yet; terminate TLS in front of pdgate"),
+        ("client_cert_path", Refused, "client certificates (mTLS) towards workers are not supported"),
+        ("client_key_path", Refused, "client certificates (mTLS) towards workers are not supported"),
+        ("ca_cert_paths", Refused, "custom CA certificates for workers' TLS are not supported"),
         ("jwt_issuer", Refused, "control-plane JWT/OIDC authentication is not supported; use --api-key and a separate admin listener (admin_port)"),
         ("jwt_audience", Refused, "control-plane JWT/OIDC authentication is not supported"),
         ("jwt_jwks_uri", Refused, "control-plane JWT/OIDC authentication is not supported"),
         ("jwt_role_claim", Refused, "control-plane JWT/OIDC authentication is not supported"),
         ("jwt_role_mapping", Refused, "control-plane JWT/OIDC authentication is not supported"),
         ("control_plane_api_keys", Refused, "control-plane API keys are not supported; use --api-key and a separate admin listener (admin_port)"),
+        ("control_plane_audit_enabled", Refused, "the control-plane audit log is not supported"),
         ("enable_mesh", Refused, "the HA mesh is not supported; run independent pdgate replicas"),
         ("mesh_server_name", Refused, "the HA mesh is not supported"),
         ("mesh_host", Refused, "the HA mesh is not supported"),
         ("mesh_advertise_host", Refused, "the HA mesh is not supported"),
         ("mesh_port", Refused, "the HA mesh is not supported"),
         ("mesh_peer_urls", Refused, "the HA mesh is not supported"),
+        ("mesh_tls_ca_cert", Refused, "the HA mesh is not supported"),
+        ("mesh_tls_cert", Refused, "the HA mesh is not supported"),
+        ("mesh_tls_key", Refused, "the HA mesh is not supported"),
         ("webrtc_bind_addr", Refused, "WebRTC is not supported"),
         ("webrtc_stun_server", Refused, "WebRTC is not supported"),
         ("mcp_config_path", Refused, "MCP tools are not supported"),
+        ("enable_rl", Refused, "the RL control plane (/v1/rl) is not supported"),
+        ("prefill_max_inflight_requests_per_worker", Refused, "the per-worker prefill in-flight cap (and its admission queue) is not supported; --max-concurrent-requests bounds the gateway as a whole, and worker overload protection skips busy workers"),
         ("priority_scheduler_default_max_class", Ignored, "only used with the priority scheduler"),
         ("priority_scheduler_tenant_metric_top_n", Ignored, "only used with the priority scheduler"),
         ("tenant_header_name", Ignored, "only used with --trust-tenant-header"),
+        ("rl_control_timeout_secs", Ignored, "only used with --enable-rl"),
+        ("rl_fanout_concurrency", Ignored, "only used with --enable-rl"),
+        ("prefill_queue_size", Ignored, "only used with --prefill-max-inflight-requests-per-worker"),
+        ("prefill_queue_timeout_secs", Ignored, "only used with --prefill-max-inflight-requests-per-worker"),
+        ("history_memory_max_responses", Ignored, NO_MEMORY_HISTORY),
+        ("history_memory_max_items", Ignored, NO_MEMORY_HISTORY),
+        ("history_memory_retention_secs", Ignored, NO_MEMORY_HISTORY),
+        ("max_background_responses", Ignored, "pdgate runs no background responses: HTTP engines answer /v1/responses themselves, and the gRPC path refuses `background`"),
+        ("jemalloc_prof_dir", Ignored, "pdgate has no heap-profile route"),
         ("disable_audit_logging", Ignored, "pdgate has no control-plane audit log"),
         ("job_queue_capacity", Ignored, "pdgate registers workers without SMG's job queue"),
         ("job_queue_concurrency", Ignored, "pdgate registers workers without SMG's job queue"),
@@ -226,6 +271,20 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("engine_metrics", Ignored, "engine load gauges come from gRPC load reports"),
         ("kv_indexer_ttl_secs", Ignored, "the event-driven KV indexer is gRPC-only"),
         ("kv_indexer_max_entries", Ignored, "the event-driven KV indexer is gRPC-only"),
+        ("kv_index", Ignored, "cache_aware matches prompts against pdgate's own tree; there is no event-driven KV index"),
+        ("selection_policy", Ignored, "cache_aware has one selection rule (SMG's only selection policy, cache-aware-default)"),
+        ("selection_accounting_ttl_ms", Ignored, "cache_aware's load is the gateway's own in-flight count, charged at dispatch; there are no bookings to expire"),
+        ("power_of_two_load_metric", Ignored, "power_of_two always compares least_load's expected-wait score (SMG's default, expected_wait)"),
+        ("bucket_adjust_interval_secs", Ignored, "the bucket policy rebalances its ranges at SMG's default interval, which is not configurable"),
+        ("worker_warmup_secs", Ignored, NO_WARM_UP),
+        ("worker_warmup_share", Ignored, NO_WARM_UP),
+        ("worker_warmup_blocks", Ignored, NO_WARM_UP),
+        ("worker_warmup_thin_ratio", Ignored, NO_WARM_UP),
+        ("worker_warmup_divert_every", Ignored, NO_WARM_UP),
+        ("worker_stall_secs", Ignored, NO_SILENCE_RULE),
+        ("worker_wedge_secs", Ignored, NO_SILENCE_RULE),
+        ("worker_stale_secs", Ignored, NO_SILENCE_RULE),
+        ("worker_overload_shed", Ignored, "pdgate always sheds (503 worker_overload_protection_shed) when every available worker of a leg is overloaded"),
         ("dp_minimum_tokens_scheduler", Ignored, "with --dp-aware every DP rank is a worker of its own, chosen by the prefill/decode policy (least_load and power_of_two weigh the ranks' requests in flight); there is no separate per-rank token scheduler"),
         ("mm_pixel_rdma", Refused, "the RDMA pixel lane is not supported; tensors travel inline in the gRPC message"),
         ("mm_pixel_cache_mb", Ignored, "pdgate keeps no pixel cache: each request's images are preprocessed once, for all its attempts"),
@@ -237,9 +296,14 @@ pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
         ("multimodal_shm_min_bytes", Ignored, "HTTP legs carry media as sent; gRPC legs carry tensors inline"),
         ("max_buffered_request_bytes", Ignored, "PD requests are always buffered, up to --max-payload-size"),
         ("stream_body_stall_timeout_secs", Ignored, "PD request bodies are read whole, bounded by --body-read-timeout-secs"),
+        ("header_read_timeout_secs", Ignored, "a request head is read under Pingora's fixed keep-alive timeout (per read); the body under --body-read-timeout-secs"),
+        ("idle_connection_timeout_secs", Ignored, "an idle client connection stays open until the client closes it (SMG's 0)"),
+        ("sse_keepalive_secs", Ignored, "pdgate sends no SSE keep-alive frames: a stream carries what the engine sends (--stream-idle-timeout-secs bounds its silences)"),
         ("disable_tokenizer_autoload", Ignored, "gRPC pipeline only"),
         ("reasoning_parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
         ("tool_call_parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
+        ("parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
+        ("tokenizer_cache_l0_max_memory", Ignored, "the L0 tokenizer cache is bounded by entries (--tokenizer-cache-l0-max-entries), not bytes"),
     ]
 };
 
@@ -406,6 +470,93 @@ pub struct SmgOnlyFlags {
     reasoning_parser: Option<String>,
     #[arg(long, hide = true)]
     tool_call_parser: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_connect_descriptor: Option<String>,
+    #[arg(long, hide = true)]
+    oracle_username: Option<String>,
+    #[arg(long, hide = true)]
+    postgres_pool_max: Option<String>,
+    #[arg(long, hide = true)]
+    postgres_op_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    redis_pool_max: Option<String>,
+    #[arg(long, hide = true)]
+    redis_op_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    client_cert_path: Option<String>,
+    #[arg(long, hide = true)]
+    client_key_path: Option<String>,
+    #[arg(long, num_args = 0.., hide = true)]
+    ca_cert_paths: Vec<String>,
+    #[arg(long, hide = true)]
+    control_plane_audit_enabled: bool,
+    #[arg(long, hide = true)]
+    mesh_tls_ca_cert: Option<String>,
+    #[arg(long, hide = true)]
+    mesh_tls_cert: Option<String>,
+    #[arg(long, hide = true)]
+    mesh_tls_key: Option<String>,
+    #[arg(long, hide = true)]
+    enable_rl: bool,
+    #[arg(long, hide = true)]
+    rl_control_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    rl_fanout_concurrency: Option<String>,
+    /// A value ≤ 0 is SMG's "no cap" (its default, -1), not a request.
+    #[arg(long, allow_negative_numbers = true, hide = true)]
+    prefill_max_inflight_requests_per_worker: Option<String>,
+    #[arg(long, hide = true)]
+    prefill_queue_size: Option<String>,
+    #[arg(long, hide = true)]
+    prefill_queue_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    history_memory_max_responses: Option<String>,
+    #[arg(long, hide = true)]
+    history_memory_max_items: Option<String>,
+    #[arg(long, hide = true)]
+    history_memory_retention_secs: Option<String>,
+    #[arg(long, hide = true)]
+    max_background_responses: Option<String>,
+    #[arg(long, hide = true)]
+    jemalloc_prof_dir: Option<String>,
+    #[arg(long, hide = true)]
+    kv_index: Option<String>,
+    #[arg(long, hide = true)]
+    selection_policy: Option<String>,
+    #[arg(long, hide = true)]
+    selection_accounting_ttl_ms: Option<String>,
+    #[arg(long, hide = true)]
+    power_of_two_load_metric: Option<String>,
+    #[arg(long, hide = true)]
+    bucket_adjust_interval_secs: Option<String>,
+    #[arg(long, hide = true)]
+    worker_warmup_secs: Option<String>,
+    #[arg(long, hide = true)]
+    worker_warmup_share: Option<String>,
+    #[arg(long, hide = true)]
+    worker_warmup_blocks: Option<String>,
+    #[arg(long, hide = true)]
+    worker_warmup_thin_ratio: Option<String>,
+    #[arg(long, hide = true)]
+    worker_warmup_divert_every: Option<String>,
+    #[arg(long, hide = true)]
+    worker_stall_secs: Option<String>,
+    #[arg(long, hide = true)]
+    worker_wedge_secs: Option<String>,
+    #[arg(long, hide = true)]
+    worker_stale_secs: Option<String>,
+    #[arg(long, hide = true)]
+    worker_overload_shed: bool,
+    #[arg(long, hide = true)]
+    header_read_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    idle_connection_timeout_secs: Option<String>,
+    #[arg(long, hide = true)]
+    sse_keepalive_secs: Option<String>,
+    #[arg(long, hide = true)]
+    parser: Option<String>,
+    #[arg(long, hide = true)]
+    tokenizer_cache_l0_max_memory: Option<String>,
 }
 
 /// "Was this flag given?" for the loose types of [`SmgOnlyFlags`].
@@ -433,8 +584,8 @@ impl<T> Given for Vec<T> {
 
 impl SmgOnlyFlags {
     /// The snake_case names of the flags given on the command line that ask for something
-    /// (SMG's "off" values — `--max-concurrent-requests -1`, `--history-backend memory`,
-    /// `--backend vllm`, … — are not requests).
+    /// (SMG's "off" values — `--prefill-max-inflight-requests-per-worker -1`,
+    /// `--history-backend memory`, `--backend vllm`, … — are not requests).
     pub fn given(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         macro_rules! given {
@@ -516,6 +667,48 @@ impl SmgOnlyFlags {
             disable_tokenizer_autoload,
             reasoning_parser,
             tool_call_parser,
+            oracle_connect_descriptor,
+            oracle_username,
+            postgres_pool_max,
+            postgres_op_timeout_secs,
+            redis_pool_max,
+            redis_op_timeout_secs,
+            client_cert_path,
+            client_key_path,
+            ca_cert_paths,
+            control_plane_audit_enabled,
+            mesh_tls_ca_cert,
+            mesh_tls_cert,
+            mesh_tls_key,
+            enable_rl,
+            rl_control_timeout_secs,
+            rl_fanout_concurrency,
+            prefill_queue_size,
+            prefill_queue_timeout_secs,
+            history_memory_max_responses,
+            history_memory_max_items,
+            history_memory_retention_secs,
+            max_background_responses,
+            jemalloc_prof_dir,
+            kv_index,
+            selection_policy,
+            selection_accounting_ttl_ms,
+            power_of_two_load_metric,
+            bucket_adjust_interval_secs,
+            worker_warmup_secs,
+            worker_warmup_share,
+            worker_warmup_blocks,
+            worker_warmup_thin_ratio,
+            worker_warmup_divert_every,
+            worker_stall_secs,
+            worker_wedge_secs,
+            worker_stale_secs,
+            worker_overload_shed,
+            header_read_timeout_secs,
+            idle_connection_timeout_secs,
+            sse_keepalive_secs,
+            parser,
+            tokenizer_cache_l0_max_memory,
         );
         if self
             .history_backend
@@ -523,6 +716,13 @@ impl SmgOnlyFlags {
             .is_some_and(|b| !matches!(b, "memory" | "none"))
         {
             out.push("history_backend");
+        }
+        if self
+            .prefill_max_inflight_requests_per_worker
+            .as_deref()
+            .is_some_and(|v| v.trim().parse::<i64>().map_or(true, |cap| cap > 0))
+        {
+            out.push("prefill_max_inflight_requests_per_worker");
         }
         if self
             .backend
@@ -584,6 +784,14 @@ impl LaunchArgs {
         }
 
         let mut gateway = self.gateway;
+        if self.no_remove_unhealthy_workers {
+            gateway.remove_unhealthy_workers = Some(false);
+        }
+        if self.disable_worker_overload_protection {
+            gateway.worker_overload_protection = false;
+            gateway.worker_overload_waiting_requests = None;
+            gateway.worker_overload_token_usage = None;
+        }
         if !gateway.workers.is_empty() {
             // `workers` has no flag; only a caller building LaunchArgs by hand could set it.
             return Err(ConfigError::invalid_key(

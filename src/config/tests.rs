@@ -242,10 +242,16 @@ fn every_flag_is_the_yaml_key_in_kebab_case() {
     };
     for arg in gateway_command().get_arguments() {
         let id = arg.get_id().as_str();
-        assert_eq!(
-            arg.get_long(),
-            Some(id.replace('_', "-").as_str()),
-            "flag of `{id}`"
+        let kebab = id.replace('_', "-");
+        // The flag itself or, where SMG renamed the flag, its old name (kept as an alias).
+        let names: Vec<&str> = arg
+            .get_long()
+            .into_iter()
+            .chain(arg.get_all_aliases().unwrap_or_default())
+            .collect();
+        assert!(
+            names.contains(&kebab.as_str()),
+            "`{id}` is not one of its flag's names {names:?}"
         );
         assert!(keys.contains_key(id), "`{id}` is a flag but not a YAML key");
     }
@@ -480,6 +486,81 @@ fn smg_aliases_work_as_flags_and_as_yaml_keys() {
     assert_eq!(from_yaml.cache_threshold, 0.5);
     assert_eq!(from_yaml.remove_unhealthy_workers, Some(true));
     assert_eq!(from_yaml.model_path.as_deref(), Some("m"));
+}
+
+#[test]
+fn eviction_interval_takes_smg_1_13_spelling_and_default() {
+    let eviction = |argv: &[&str]| {
+        let mut full = vec!["--pd-disaggregation"];
+        full.extend_from_slice(argv);
+        launch(&full)
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+            .gateway
+            .eviction_interval
+    };
+    assert_eq!(eviction(&["--eviction-interval-secs", "30"]), 30);
+    // The older SMG spelling still parses.
+    assert_eq!(eviction(&["--eviction-interval", "30"]), 30);
+    assert_eq!(eviction(&["--eviction-interval=30"]), 30);
+    // SMG 1.13.0's default (older SMG had 120).
+    assert_eq!(eviction(&[]), 60);
+    assert_eq!(GatewayConfig::default().eviction_interval, 60);
+    assert_eq!(
+        yaml("  eviction_interval: 30")
+            .expect("the YAML key")
+            .gateway
+            .eviction_interval,
+        30
+    );
+    let zero = launch_error(&["--pd-disaggregation", "--eviction-interval-secs", "0"]);
+    assert!(zero.contains("eviction_interval"), "{zero}");
+}
+
+#[test]
+fn smg_off_switches_map_onto_the_gateway_keys() {
+    for flag in ["--no-remove-unhealthy-workers", "--no-worker-auto-recovery"] {
+        let g = launch(&[
+            "--pd-disaggregation",
+            "--service-discovery",
+            "--prefill-selector",
+            "r=p",
+            "--decode-selector",
+            "r=d",
+            flag,
+        ])
+        .unwrap_or_else(|e| panic!("{flag}: {e}"))
+        .gateway;
+        assert_eq!(g.remove_unhealthy_workers, Some(false), "{flag}");
+    }
+    let both = launch_args(&[
+        "--pd-disaggregation",
+        "--remove-unhealthy-workers",
+        "--no-remove-unhealthy-workers",
+    ])
+    .expect_err("SMG's group is mutually exclusive");
+    assert!(both.contains("cannot be used with"), "{both}");
+
+    let off = launch(&[
+        "--pd-disaggregation",
+        "--worker-overload-protection",
+        "--worker-overload-waiting-requests",
+        "4",
+        "--worker-overload-token-usage",
+        "0.7",
+        "--disable-worker-overload-protection",
+    ])
+    .expect("accepted");
+    assert!(off.notices.is_empty(), "{:?}", off.notices);
+    let g = off.gateway;
+    assert!(!g.worker_overload_protection);
+    assert_eq!(
+        (
+            g.worker_overload_waiting_requests,
+            g.worker_overload_token_usage
+        ),
+        (None, None)
+    );
+    assert!(!g.overload().enabled());
 }
 
 #[test]
@@ -775,6 +856,41 @@ fn smg_off_values_are_not_feature_requests() {
             .contains("--history-backend")
     );
     assert!(launch_error(&["--pd-disaggregation", "--backend", "openai"]).contains("--backend"));
+}
+
+#[test]
+fn smg_prefill_cap_off_values_are_accepted_and_a_cap_is_refused() {
+    for off in ["-1", "0"] {
+        let loaded = launch(&[
+            "--pd-disaggregation",
+            "--prefill-max-inflight-requests-per-worker",
+            off,
+        ])
+        .unwrap_or_else(|e| panic!("{off}: {e}"));
+        assert!(loaded.notices.is_empty(), "{off}: {:?}", loaded.notices);
+    }
+    let err = launch_error(&[
+        "--pd-disaggregation",
+        "--prefill-max-inflight-requests-per-worker",
+        "8",
+        "--prefill-queue-size",
+        "10",
+    ]);
+    assert!(
+        err.contains("--prefill-max-inflight-requests-per-worker")
+            && !err.contains("--prefill-queue-size"),
+        "{err}"
+    );
+    // Alone, the queue settings only tune a cap that is not there.
+    let loaded = launch(&["--pd-disaggregation", "--prefill-queue-size", "10"]).expect("accepted");
+    assert!(
+        loaded
+            .notices
+            .iter()
+            .any(|n| n.starts_with("--prefill-queue-size has no effect")),
+        "{:?}",
+        loaded.notices
+    );
 }
 
 #[test]

@@ -251,7 +251,7 @@ impl Default for PolicyParams {
             overload_token_usage_threshold: 1.0,
             overlap_decay: 0.0,
             selection_temperature: 0.0,
-            eviction_interval_secs: 120,
+            eviction_interval_secs: crate::config::defaults::EVICTION_INTERVAL_SECS,
             max_tree_size: 67_108_864,
             block_size: 16,
             cache_index: CacheIndex::Tree,
