@@ -101,6 +101,8 @@ catalogue! {
     InvalidRequest = "invalid_request", 400;
     /// `/generate` without a model where one is required.
     MissingModel = "missing_model", 400;
+    /// `GET /v1/models/{id}` for a model no registered worker serves (SMG 1.13.0's code).
+    ModelNotFound = "model_not_found", 404;
     /// The body exceeds the configured maximum size.
     /// SMG 1.13.0's code.
     PayloadTooLarge = "request_body_too_large", 413;

@@ -35,17 +35,67 @@ pub fn models(gw: &Gateway) -> Reply {
     if ids.is_empty() {
         return Reply::text(503, "No models available");
     }
-    let data: Vec<Value> = ids
-        .iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "self_hosted"}))
-        .collect();
+    let data: Vec<Value> = ids.iter().map(|id| model_card(id)).collect();
     Reply::json(200, json!({"object": "list", "data": data}).to_string())
 }
 
-/// `GET /get_server_info` and `GET /get_model_info`: the first registered prefill worker's own
-/// answer (status 200, its body and content type). Its error status maps to `server_*`
-/// (`errors::server_error`); no answer is 500 `proxy_request_failed`; no prefill worker 503
-/// `no_prefill_servers`. `forwarded`: the client's headers to send along (SMG copies them for
+/// `GET /v1/models/{id}`: the model's card when a registered worker serves it, else 404
+/// `model_not_found` (SMG 1.13.0's answers). `raw_id` is the path segment as sent.
+pub fn model(gw: &Gateway, raw_id: &str) -> Reply {
+    let id = percent_decoded(raw_id);
+    let snap = gw.registry.snapshot();
+    if snap
+        .all
+        .iter()
+        .any(|w| w.models().iter().any(|m| m.as_str() == id))
+    {
+        return Reply::json(200, model_card(&id).to_string());
+    }
+    Reply::error(
+        ErrorCode::ModelNotFound,
+        format!("No worker available for model '{id}'"),
+    )
+}
+
+/// One model's OpenAI card, as in the list.
+fn model_card(id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": 0, "owned_by": "self_hosted"})
+}
+
+/// A path segment with its `%XX` escapes decoded (a client library may escape a model id's `/`
+/// or `:`); an escape that is not two hex digits, or bytes that are not UTF-8, stay as sent.
+fn percent_decoded(raw: &str) -> String {
+    if !raw.contains('%') {
+        return raw.to_string();
+    }
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| raw.to_string())
+}
+
+/// `GET /get_server_info` and `GET /get_model_info`: the first registered healthy prefill
+/// worker's own answer (status 200, its body and content type). Its error status maps to
+/// `server_*` (`errors::server_error`); no answer is 500 `proxy_request_failed`; no healthy
+/// prefill worker (none registered, or all down or draining) 503 `no_prefill_servers`, as
+/// SMG 1.13.0 (an unhealthy one was asked anyway, a 500 with its connection error). `forwarded`: the client's headers to send along (SMG copies them for
 /// `/get_model_info` only). A gRPC worker has no such HTTP route: 501, as SMG's gRPC router.
 pub async fn proxy_info(
     gw: &Gateway,
@@ -53,7 +103,11 @@ pub async fn proxy_info(
     forwarded: &[(HeaderName, HeaderValue)],
 ) -> Reply {
     let snap = gw.registry.snapshot();
-    let Some(prefill) = snap.all.iter().find(|w| w.role() == WorkerType::Prefill) else {
+    let prefill = snap
+        .all
+        .iter()
+        .find(|w| w.role() == WorkerType::Prefill && w.is_healthy());
+    let Some(prefill) = prefill else {
         return Reply::error(ErrorCode::NoPrefillServers, "No prefill servers available");
     };
     if prefill.is_grpc() {
@@ -200,4 +254,19 @@ fn flush_reply(
             .collect();
     }
     Reply::json(if failed.is_empty() { 200 } else { 206 }, body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decoded;
+
+    #[test]
+    fn a_model_id_is_percent_decoded_where_it_can_be() {
+        assert_eq!(percent_decoded("org%2Fname"), "org/name");
+        assert_eq!(percent_decoded("a%3a1"), "a:1");
+        assert_eq!(percent_decoded("plain"), "plain");
+        assert_eq!(percent_decoded("100%"), "100%");
+        assert_eq!(percent_decoded("%zz%4"), "%zz%4");
+        assert_eq!(percent_decoded("%ff"), "%ff", "not UTF-8: left as sent");
+    }
 }

@@ -70,6 +70,7 @@ async fn serve(
                 | Endpoint::NotInPd
                 | Endpoint::HealthGenerate
                 | Endpoint::Models
+                | Endpoint::Model(_)
                 | Endpoint::ServerInfo
                 | Endpoint::ModelInfo,
             ) => false,
@@ -183,6 +184,11 @@ async fn serve(
         }
         Endpoint::Models => {
             reply::send(session, ctx, admin::engines::models(gw)).await?;
+            Ok(true)
+        }
+        Endpoint::Model(id) => {
+            let reply = admin::engines::model(gw, &id);
+            reply::send(session, ctx, reply).await?;
             Ok(true)
         }
         Endpoint::ServerInfo | Endpoint::ModelInfo => {

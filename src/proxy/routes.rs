@@ -21,6 +21,9 @@ pub enum Endpoint {
     Readiness,
     /// `GET /v1/models`: the registered workers' models.
     Models,
+    /// `GET /v1/models/{id}`: one of them (the id as sent, percent-encoded or not; model ids
+    /// such as `org/name` keep their slash).
+    Model(String),
     /// `GET /get_server_info`: the first prefill worker's answer.
     ServerInfo,
     /// `GET /get_model_info`: the first prefill worker's answer, with the client's headers.
@@ -49,6 +52,7 @@ impl Endpoint {
             Endpoint::Health => "/health",
             Endpoint::HealthGenerate => "/health_generate",
             Endpoint::Models => "/v1/models",
+            Endpoint::Model(_) => "/v1/models/{id}",
             Endpoint::ServerInfo => "/get_server_info",
             Endpoint::ModelInfo => "/get_model_info",
             Endpoint::FlushCache => "/flush_cache",
@@ -122,6 +126,12 @@ pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, RouteRefusal> {
             }
         }
         _ => {
+            if let Some(id) = path.strip_prefix("/v1/models/") {
+                if id.is_empty() {
+                    return Err(RouteRefusal::NotFound);
+                }
+                return get_only(Endpoint::Model(id.to_string()));
+            }
             if let Some(id) = path.strip_prefix("/workers/") {
                 if id.is_empty() || id.contains('/') {
                     return Err(RouteRefusal::NotFound);
@@ -170,6 +180,22 @@ mod tests {
         );
         assert_eq!(
             resolve(&Method::GET, "/workers/a/b"),
+            Err(RouteRefusal::NotFound)
+        );
+    }
+
+    #[test]
+    fn one_model_is_a_get_with_its_id_slashes_kept() {
+        assert_eq!(
+            resolve(&Method::GET, "/v1/models/org/name"),
+            Ok(Endpoint::Model("org/name".into()))
+        );
+        assert_eq!(
+            resolve(&Method::POST, "/v1/models/m"),
+            Err(RouteRefusal::MethodNotAllowed("GET, HEAD"))
+        );
+        assert_eq!(
+            resolve(&Method::GET, "/v1/models/"),
             Err(RouteRefusal::NotFound)
         );
     }

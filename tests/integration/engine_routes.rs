@@ -25,6 +25,23 @@ async fn the_engine_routes_answer_from_the_registered_workers() {
             {"id": "mock-model", "object": "model", "created": 0, "owned_by": "self_hosted"}]})
     );
 
+    // One model by id (SMG 1.13.0's card and refusal); an empty id is no route.
+    let r = gw.get("/v1/models/mock-model").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"id": "mock-model", "object": "model", "created": 0, "owned_by": "self_hosted"})
+    );
+    let r = gw.get("/v1/models/not-served").await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(error_code(&r), "model_not_found");
+    assert_eq!(
+        r.json()["error"]["message"],
+        "No worker available for model 'not-served'"
+    );
+    let r = gw.get("/v1/models/").await;
+    assert_eq!((r.status, error_code(&r)), (404, "unknown_url".to_string()));
+
     // The first prefill worker's own answers, as they are.
     for path in ["/get_server_info", "/get_model_info"] {
         let r = gw.get(path).await;
@@ -112,6 +129,24 @@ async fn the_engine_routes_say_what_went_wrong() {
     );
     for e in [&p, &d] {
         assert_eq!(e.received(), vec![("/flush_cache".to_string(), Vec::new())]);
+    }
+}
+
+/// A prefill that is registered but not healthy (here: nothing listens at its address) is not
+/// asked for its info: 503 `no_prefill_servers`, as SMG 1.13.0 (it was a 500 with the
+/// connection error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_info_routes_skip_a_prefill_that_is_not_healthy() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = dead.local_addr().unwrap();
+    drop(dead);
+    let spec =
+        json!({"url": format!("http://{addr}"), "worker_type": "prefill", "bootstrap_port": null});
+    let gw = Gateway::start(&[spec], "").await;
+    for path in ["/get_server_info", "/get_model_info"] {
+        let r = gw.get(path).await;
+        assert_eq!(r.status, 503, "{path}: {}", r.text());
+        assert_eq!(error_code(&r), "no_prefill_servers", "{path}");
     }
 }
 
