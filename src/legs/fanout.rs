@@ -86,7 +86,9 @@ pub async fn attempt(
             room: Some(first_room),
             sample: Some(j),
         };
-        let headers = req.forward.with_request_id(&id);
+        let headers = req
+            .forward
+            .with_request_id(&format!("{}-{j}", ctx.engine_request_id()));
         let legs = SampleLegs::new(
             ctx,
             pair,

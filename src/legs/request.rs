@@ -29,7 +29,7 @@ pub struct ForwardHeaders {
 
 impl ForwardHeaders {
     /// Picks the forwarded headers of `req` and adds `x-request-id: request_id` (the client's or
-    /// ours, so both legs and the engine logs share one id).
+    /// ours, `RequestCtx::engine_request_id`, so both legs and the engine logs share one id).
     pub fn from_client(req: &RequestHeader, request_id: &str) -> ForwardHeaders {
         let mut items = Vec::with_capacity(4);
         for (name, v) in req.headers.iter() {

@@ -17,6 +17,9 @@ pub struct RequestCtx {
     pub endpoint: Option<Endpoint>,
     /// The request id every response carries (the client's, or one we generated).
     pub request_id: String,
+    /// Where the id the engines are sent starts in `request_id`: 0 for the client's id, the
+    /// route prefix's length for one we minted (see [`RequestCtx::engine_request_id`]).
+    pub engine_request_id_from: usize,
     /// Final status sent to the client (0 until one was sent).
     pub status: u16,
     /// The gateway error code, when the answer was one of ours.
@@ -56,11 +59,22 @@ pub struct RequestCtx {
 }
 
 impl RequestCtx {
+    /// The `X-Request-Id` the legs send: the client's id as it sent it, or ours without its
+    /// route prefix. vLLM's OpenAI server prefixes the header's id itself (`chatcmpl-{id}`), as
+    /// SGLang does for messages and responses (`msg_{id}`), so sending `chatcmpl-…` answered
+    /// the client `chatcmpl-chatcmpl-…`; both legs still share one id (NIXL pairs them by it).
+    pub fn engine_request_id(&self) -> &str {
+        self.request_id
+            .get(self.engine_request_id_from..)
+            .unwrap_or(&self.request_id)
+    }
+
     pub fn new() -> RequestCtx {
         RequestCtx {
             started: Instant::now(),
             endpoint: None,
             request_id: String::new(),
+            engine_request_id_from: 0,
             status: 0,
             error_code: None,
             model_label: None,

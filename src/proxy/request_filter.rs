@@ -97,7 +97,7 @@ async fn serve(
             Err(RouteRefusal::NotFound)
         }
     });
-    ctx.request_id = request_id(gw, session, endpoint.as_ref().ok());
+    (ctx.request_id, ctx.engine_request_id_from) = request_id(gw, session, endpoint.as_ref().ok());
     if listener == Listener::Data {
         if let Some(policy) = &gw.settings_now().cors {
             let origin = session.req_header().headers.get(http::header::ORIGIN);
@@ -195,7 +195,7 @@ async fn serve(
             // `/get_model_info` carries the client's headers, as SMG's; the ones the legs
             // forward (its key, request id, trace context), not its cookies.
             let (path, forwarded) = if endpoint == Endpoint::ModelInfo {
-                let h = ForwardHeaders::from_client(session.req_header(), &ctx.request_id);
+                let h = ForwardHeaders::from_client(session.req_header(), ctx.engine_request_id());
                 ("/get_model_info", h)
             } else {
                 ("/get_server_info", ForwardHeaders::default())
@@ -365,7 +365,7 @@ fn pd_request(
         routing.text = t.text;
         routing.token_ids = t.token_ids;
     }
-    let forward = ForwardHeaders::from_client(session.req_header(), &ctx.request_id);
+    let forward = ForwardHeaders::from_client(session.req_header(), ctx.engine_request_id());
     Ok(PdRequest {
         route,
         body,
@@ -587,8 +587,10 @@ fn routing_keys(session: &Session) -> (RoutingKeys, Option<&str>) {
 }
 
 /// The request id: the first configured request-id header the client sent, else a new id with
-/// the route's prefix (`chatcmpl-`, `cmpl-`, `gnt-`, `resp-`, `msg_`, `req-`) and 24 alphanumerics.
-fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> String {
+/// the route's prefix (`chatcmpl-`, `cmpl-`, `gnt-`, `resp-`, `msg_`, `req-`) and 24
+/// alphanumerics; and where the part the engines are sent starts (the prefix's length for a
+/// minted id, 0 for the client's).
+fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> (String, usize) {
     // The earliest configured name whose (first) value is fit wins.
     let names = &gw.settings_now().request_id_headers;
     let mut best: Option<(usize, &str)> = None;
@@ -605,7 +607,7 @@ fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> S
         }
     });
     if let Some((_, v)) = best {
-        return v.to_string();
+        return (v.to_string(), 0);
     }
     let prefix = match endpoint {
         Some(Endpoint::Pd(Route::ChatCompletions)) => "chatcmpl-",
@@ -615,7 +617,7 @@ fn request_id(gw: &Gateway, session: &Session, endpoint: Option<&Endpoint>) -> S
         Some(Endpoint::Pd(Route::Messages)) | Some(Endpoint::CountTokens) => "msg_",
         _ => "req-",
     };
-    mint_request_id(prefix)
+    (mint_request_id(prefix), prefix.len())
 }
 
 /// A request id the gateway makes up: `prefix` and 24 random letters and digits.
