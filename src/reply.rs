@@ -4,12 +4,14 @@
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use pdgate_filters::errors::{render_error, ErrorCode};
+use pdgate_filters::errors::{self, render_error, ErrorCode};
+use pdgate_filters::Route;
 use pingora::proxy::Session;
 
 use crate::head::{self, Head};
 use crate::in_box::in_box;
 use crate::proxy::ctx::RequestCtx;
+use crate::proxy::routes::Endpoint;
 
 pub const JSON: &str = "application/json";
 pub const TEXT: &str = "text/plain; charset=utf-8";
@@ -102,6 +104,29 @@ impl Reply {
     }
 }
 
+/// The Messages API routes answer the gateway's errors in Anthropic's shape, as SMG 1.13.0.
+fn speaks_anthropic(endpoint: Option<&Endpoint>) -> bool {
+    matches!(
+        endpoint,
+        Some(Endpoint::Pd(Route::Messages) | Endpoint::CountTokens)
+    )
+}
+
+/// A gateway error's body in Anthropic's shape: the message taken back from the rendered body
+/// (an error path; the OpenAI body is what every other route sends).
+fn anthropic_body(reply: &Reply, request_id: &str) -> Bytes {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(&reply.body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(|v| v["error"]["message"].as_str())
+        .unwrap_or_else(|| errors::reason_phrase(reply.status));
+    Bytes::from(errors::render_anthropic_error(
+        reply.status,
+        message,
+        request_id,
+    ))
+}
+
 /// Writes `reply` as the whole response. The connection stays reusable.
 pub async fn send(
     session: &mut Session,
@@ -116,8 +141,11 @@ pub async fn send(
 async fn send_now(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    reply: Reply,
+    mut reply: Reply,
 ) -> pingora::Result<()> {
+    if reply.error_code.is_some() && speaks_anthropic(ctx.endpoint.as_ref()) {
+        reply.body = anthropic_body(&reply, &ctx.request_id);
+    }
     let mut h = Head::new(reply.status, 5 + reply.headers.len())?;
     if !reply.content_type.is_empty() {
         h.insert(

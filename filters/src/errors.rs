@@ -337,6 +337,39 @@ pub fn error_type(status: u16) -> &'static str {
     }
 }
 
+/// Anthropic's error body, which SMG 1.13.0 answers on the Messages API routes
+/// (`/v1/messages`, `/v1/messages/count_tokens`) and Anthropic's SDKs read:
+/// `{"type":"error","error":{"type":…,"message":…},"request_id":…}`.
+pub fn render_anthropic_error(status: u16, message: &str, request_id: &str) -> Vec<u8> {
+    let kind = anthropic_error_type(status);
+    let mut out = Vec::with_capacity(80 + kind.len() + message.len() + request_id.len());
+    out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
+    json::push_string(&mut out, kind);
+    out.extend_from_slice(b",\"message\":");
+    json::push_string(&mut out, message);
+    out.extend_from_slice(b"},\"request_id\":");
+    json::push_string(&mut out, request_id);
+    out.push(b'}');
+    out
+}
+
+/// The Anthropic error `type` of a status (Anthropic's table; a 503 is `overloaded_error`, as
+/// SMG 1.13.0 writes it).
+pub fn anthropic_error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
 /// The worker admin API's error body: `{"error":"<msg>","code":"<code>"}`.
 pub fn render_admin_error(code: ErrorCode, message: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(32 + message.len());
@@ -567,6 +600,22 @@ mod tests {
         for (code, status) in table {
             assert_eq!(grpc_status_to_http(code), status, "gRPC code {code}");
         }
+    }
+
+    #[test]
+    fn the_anthropic_error_body_is_anthropics_shape() {
+        let body = render_anthropic_error(503, "No \"prefill\" workers", "msg_1");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "error", "error": {"type": "overloaded_error",
+                "message": "No \"prefill\" workers"}, "request_id": "msg_1"})
+        );
+        assert_eq!(anthropic_error_type(400), "invalid_request_error");
+        assert_eq!(anthropic_error_type(422), "invalid_request_error");
+        assert_eq!(anthropic_error_type(404), "not_found_error");
+        assert_eq!(anthropic_error_type(500), "api_error");
+        assert_eq!(anthropic_error_type(502), "api_error");
     }
 
     #[test]

@@ -163,6 +163,27 @@ async fn with_no_workers_the_engine_routes_say_so() {
         assert_eq!(r.status, 503, "{path}: {}", r.text());
         assert_eq!(error_code(&r), "no_prefill_servers", "{path}");
     }
+    // The Messages API says it in Anthropic's shape (SMG 1.13.0's), with Retry-After.
+    let r = gw
+        .post(
+            "/v1/messages",
+            &json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let id = r.header("x-request-id").unwrap_or_default().to_string();
+    assert!(id.starts_with("msg_"), "{id}");
+    let v = r.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "overloaded_error", "{v}");
+    assert_eq!(v["request_id"], id.as_str(), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("prefill"),
+        "{v}"
+    );
+    assert_eq!(r.header("x-smg-error-code"), Some("no_available_workers"));
+    assert_eq!(r.header("retry-after"), Some("1"));
+
     let r = gw.post("/flush_cache", &json!({})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["message"], "No workers available for cache flush");

@@ -30,12 +30,15 @@ fn assert_refused_naming(r: &mock_engine::client::Response, field: &str, case: &
         message.starts_with(&format!("field `{field}` must be ")),
         "{case}: {message:?} does not name `{field}`"
     );
-    assert_eq!(
-        body,
+    let expected = if case.starts_with("/v1/messages") {
+        // The Messages API answers in Anthropic's shape (SMG 1.13.0), the code in the header.
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": message},
+            "request_id": r.header("x-request-id").unwrap_or_default()})
+    } else {
         json!({"error": {"type": "invalid_request_error", "code": "invalid_request",
-            "message": message, "param": null}}),
-        "{case}"
-    );
+            "message": message, "param": null}})
+    };
+    assert_eq!(body, expected, "{case}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
