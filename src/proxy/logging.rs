@@ -16,10 +16,8 @@ pub fn record(gw: &Gateway, session: &Session, e: Option<&Error>, ctx: &RequestC
     } else {
         ctx.status
     };
-    let path_label = ctx
-        .endpoint
-        .as_ref()
-        .map_or("unmatched", Endpoint::metric_path);
+    // A path no route serves is `other`, as SMG 1.13.0 labels it.
+    let path_label = ctx.endpoint.as_ref().map_or("other", Endpoint::metric_path);
     let mut status_buf = [0u8; 20];
     let status_label = pdgate_filters::json::decimal(u64::from(status), &mut status_buf);
     let method = session.req_header().method.as_str();

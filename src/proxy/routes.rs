@@ -43,7 +43,8 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// The `path` label of HTTP-level metrics: the route template, never the raw path.
+    /// The `path` label of HTTP-level metrics: the route template, never the raw path (SMG
+    /// 1.13.0's templates, `/v1/models/{*id}` included).
     pub fn metric_path(&self) -> &'static str {
         match self {
             Endpoint::Pd(r) => r.upstream_path(),
@@ -52,7 +53,7 @@ impl Endpoint {
             Endpoint::Health => "/health",
             Endpoint::HealthGenerate => "/health_generate",
             Endpoint::Models => "/v1/models",
-            Endpoint::Model(_) => "/v1/models/{id}",
+            Endpoint::Model(_) => "/v1/models/{*id}",
             Endpoint::ServerInfo => "/get_server_info",
             Endpoint::ModelInfo => "/get_model_info",
             Endpoint::FlushCache => "/flush_cache",

@@ -684,10 +684,12 @@ impl Worker {
     /// failure or timeout): its breaker outcome, and `smg_worker_errors_total` for failures.
     pub fn record_leg(&self, status: Option<u16>) {
         self.breaker.record_status(status);
+        // SMG 1.13.0's `error_type`s: `timeout` for 408/504, `backend_error` for the other
+        // 5xx (side by side); a leg with no usable response is pdgate's `transport`.
         let error_type = match status {
             None => "transport",
-            Some(s) if (500..600).contains(&s) => "server_error",
             Some(408) | Some(504) => "timeout",
+            Some(s) if (500..600).contains(&s) => "backend_error",
             _ => return,
         };
         METRICS

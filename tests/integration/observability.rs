@@ -1331,6 +1331,27 @@ async fn every_response_carries_x_request_id_and_both_legs_get_the_same_one() {
         let id = r.header("x-request-id").unwrap_or_default();
         assert!(is_generated(id, "req-"), "{path}: {id:?}");
     }
+    // A path no route serves is counted under SMG 1.13.0's `other`, never its raw path.
+    let m = gw
+        .metrics_when(|m| {
+            metric_value(
+                m,
+                "smg_http_requests_total",
+                &[("method", "GET"), ("path", "other")],
+            )
+            .is_some()
+        })
+        .await;
+    assert!(
+        metric_value(
+            &m,
+            "smg_http_requests_total",
+            &[("method", "GET"), ("path", "other")]
+        )
+        .is_some(),
+        "{m}"
+    );
+    assert!(!m.contains("/no/such/route"), "{m}");
     let r = client::request(
         "GET",
         &gw.url("/health"),
