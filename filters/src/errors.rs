@@ -326,14 +326,14 @@ pub fn render_error(status: u16, code: &str, message: &str) -> Vec<u8> {
     out
 }
 
-/// The error body's `type`, OpenAI's kinds as SMG 1.13.0 writes them: `invalid_request_error`
-/// for a 4xx, `server_error` otherwise. (SMG's earlier releases, and the research digest's
-/// snapshot, wrote the status's reason phrase.)
+/// The error body's `type`, OpenAI's kinds as SMG 1.13.0 writes them: `rate_limit_error` for a
+/// 429, `invalid_request_error` for another 4xx, `server_error` otherwise. (SMG's earlier
+/// releases, and the research digest's snapshot, wrote the status's reason phrase.)
 pub fn error_type(status: u16) -> &'static str {
-    if (400..500).contains(&status) {
-        "invalid_request_error"
-    } else {
-        "server_error"
+    match status {
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
     }
 }
 

@@ -362,6 +362,16 @@ async fn prefill_error_statuses_pass_through_and_decode_is_never_contacted() {
         assert_eq!(r.status, status, "{}", r.text());
         assert_eq!(r.json()["error"]["code"], "prefill_upstream_error");
         assert_eq!(r.json()["error"]["message"], format!("boom {status}"));
+        let kind = match status {
+            429 => "rate_limit_error",
+            400 => "invalid_request_error",
+            _ => "server_error",
+        };
+        assert_eq!(
+            r.json()["error"]["type"],
+            kind,
+            "SMG 1.13.0's type for {status}"
+        );
     }
     assert!(
         fleet.decode.records().is_empty(),
