@@ -230,6 +230,17 @@ impl PrefillLeg {
     pub fn detach(&mut self) {
         self.detached = true;
     }
+
+    /// The decode this prefill feeds is gone before it produced anything (it failed, or the
+    /// client left): the KV may never be fetched, so a detached leg is cancelled when dropped
+    /// after all — its connection closes and the engine aborts the room now, instead of holding
+    /// the KV until its bootstrap timeout. Once muted (the decode produced output, so the KV
+    /// arrived), it still drains to its end.
+    pub fn abandon(&mut self) {
+        if !self.muted {
+            self.detached = false;
+        }
+    }
 }
 
 impl Drop for PrefillLeg {

@@ -179,10 +179,18 @@ pub fn relay<'a>(
     async move {
         leg.set_read_timeout(Some(plan.stall_timeout));
         let status = leg.status();
+        let mut prefill = HeldPrefill {
+            leg: plan.prefill.take(),
+            completed: false,
+        };
         // The one-shot steps are boxed where awaited: this future lives as long as the stream, and
         // inline each would size it (see "Memory per open stream" in bench/README.md).
         if !plan.streaming {
-            return in_box(|| relay_whole(session, ctx, leg, &mut plan, status)).await;
+            let relayed =
+                in_box(|| relay_whole(session, ctx, leg, &mut plan, &mut prefill.leg, status))
+                    .await;
+            prefill.completed = matches!(relayed.0, RelayEnd::Complete);
+            return relayed;
         }
         let head = match stream_head(leg.head(), status, ctx, plan.decode) {
             Ok(h) => h,
@@ -216,7 +224,6 @@ pub fn relay<'a>(
         // One timer for the stream's deadline, not one registered and dropped per chunk.
         let deadline = tokio::time::sleep_until(tokio::time::Instant::from_std(plan.deadline));
         tokio::pin!(deadline);
-        let mut prefill = plan.prefill.take();
         loop {
             let next = match in_hand.take() {
                 Some(next) => next,
@@ -229,7 +236,7 @@ pub fn relay<'a>(
                     kind: LegErrorKind::Timeout,
                     detail: "the request ran past request_timeout_secs".into(),
                 }),
-                _ = prefill_failed(&mut prefill) => {
+                _ = prefill_failed(&mut prefill.leg) => {
                     let e = LegError {
                         kind: LegErrorKind::Body,
                         detail: "the prefill leg failed before the KV was handed over".into(),
@@ -273,7 +280,7 @@ pub fn relay<'a>(
                 ctx.ttft = Some(plan.dispatched.elapsed());
                 // Output means the KV arrived: the prefill's fate no longer matters (it is still
                 // driven to its end).
-                if let Some(p) = prefill.as_mut() {
+                if let Some(p) = prefill.leg.as_mut() {
                     p.mute();
                 }
             }
@@ -294,7 +301,26 @@ pub fn relay<'a>(
             return (RelayEnd::ClientGone, None);
         }
         let reusable = leg.is_done();
+        prefill.completed = true;
         (RelayEnd::Complete, reusable.then_some(leg))
+    }
+}
+
+/// The held prefill while its decode is relayed. When the relay ends without completing (the
+/// decode failed, the client left, the deadline passed) it is [abandoned](PrefillLeg::abandon):
+/// cancelled unless the decode had produced output; a completed relay lets it drain.
+struct HeldPrefill {
+    leg: Option<PrefillLeg>,
+    completed: bool,
+}
+
+impl Drop for HeldPrefill {
+    fn drop(&mut self) {
+        if !self.completed {
+            if let Some(p) = self.leg.as_mut() {
+                p.abandon();
+            }
+        }
     }
 }
 
@@ -398,10 +424,10 @@ async fn relay_whole(
     ctx: &mut RequestCtx,
     mut leg: OpenLeg,
     plan: &mut RelayPlan<'_>,
+    prefill: &mut Option<PrefillLeg>,
     status: u16,
 ) -> (RelayEnd, Option<OpenLeg>) {
     let deadline = tokio::time::Instant::from_std(plan.deadline);
-    let mut prefill = plan.prefill.take();
     // Biased, the body first: a body already read with the head (the usual short answer) is
     // taken without polling the client's connection or registering the deadline's timer.
     let body = tokio::select! {
@@ -412,7 +438,7 @@ async fn relay_whole(
             kind: LegErrorKind::Timeout,
             detail: "the request ran past request_timeout_secs".into(),
         }),
-        _ = prefill_failed(&mut prefill) => {
+        _ = prefill_failed(prefill) => {
             return (RelayEnd::PrefillFailed(Some(super::parallel::prefill_failed_after_head())), None);
         }
     };

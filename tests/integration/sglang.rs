@@ -323,6 +323,44 @@ async fn prefill_error_fails_fast_and_drops_the_decode_leg() {
     );
 }
 
+/// A decode that fails after its head, before any output: the client gets the stream's error
+/// event, and the prefill leg is dropped too — its engine would otherwise hold the room (and
+/// the KV) until its own bootstrap timeout, waiting for a decode that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_failing_after_its_head_drops_the_prefill_leg() {
+    // The engines' own rendezvous timeout is long (30 s): only a dropped leg ends sooner.
+    let fleet = SglangFleet::start(|c| {
+        c.bootstrap_timeout = Duration::from_secs(30);
+        c.waiting_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let gw = gateway_for(&fleet, "  retry_max_retries: 1\n").await;
+    fleet
+        .decode
+        .inject(Fault::DropConnectionAfterHead {
+            count: Some(1),
+            matcher: FaultMatch::default(),
+        })
+        .await;
+    let body = json!({"model": "mock-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "stream": true});
+    let s = gw.stream("/v1/chat/completions", &body).await;
+    assert_eq!(s.status, 200);
+    let text = String::from_utf8_lossy(&s.body_bytes().await.unwrap_or_default()).to_string();
+    assert!(text.contains("\"error\""), "no error event: {text}");
+    let p = fleet.prefill.wait_records(1, Duration::from_secs(10)).await;
+    assert!(
+        p[0].outcome.cancelled,
+        "the prefill leg was left to wait for its room's timeout: {:?} {:?}",
+        p[0].outcome,
+        fleet.prefill.rooms()
+    );
+    assert!(
+        fleet.prefill.wait_idle(Duration::from_secs(10)).await,
+        "prefill room left open: {:?}",
+        fleet.prefill.rooms()
+    );
+}
+
 /// The gateway gathers a stream's writes only while the next piece is already in hand
 /// (`src/gather.rs`): tokens the engine produces one at a time reach the client one at a time,
 /// the first while the engine is still generating.
