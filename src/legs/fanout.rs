@@ -21,7 +21,7 @@ use pingora::proxy::Session;
 use super::client::{LegError, LegErrorKind, OpenLeg};
 use super::dispatch::Attempt;
 use super::parallel::{self, open_sample, OpenSample, PdLabels, Rendezvous, SampleLegs};
-use super::prefill::PrefillLeg;
+use super::prefill::Abandoning;
 use super::relay;
 use super::request::PdRequest;
 use crate::gateway::{Gateway, Settings};
@@ -173,7 +173,8 @@ struct Live {
     leg: OpenLeg,
     /// Its prefill (detached), driven while the decode is; its failure counts while the decode
     /// has produced nothing (then its KV cannot come).
-    prefill: Option<PrefillLeg>,
+    /// Cancelled if the sample ends before its decode had its KV (see [`Abandoning`]).
+    prefill: Abandoning,
     logprobs: Option<PrefillLogprobs>,
     splitter: SseSplitter,
     saw_done: bool,
@@ -189,7 +190,7 @@ impl Live {
         leg.set_read_timeout(Some(stall));
         Live {
             leg,
-            prefill: Some(prefill),
+            prefill: Abandoning(Some(prefill)),
             logprobs: o.logprobs.flatten(),
             splitter: SseSplitter::new(),
             saw_done: false,
@@ -208,7 +209,7 @@ enum Next {
 async fn next(j: usize, mut live: Live) -> (usize, Live, Next) {
     let next = tokio::select! {
         c = live.leg.next_chunk() => Next::Chunk(c),
-        _ = relay::prefill_failed(&mut live.prefill) => Next::PrefillFailed,
+        _ = relay::prefill_failed(&mut live.prefill.0) => Next::PrefillFailed,
     };
     (j, live, next)
 }
@@ -241,7 +242,7 @@ impl Run<'_> {
             .map(|(j, mut live)| async move {
                 let read = tokio::select! {
                     b = live.leg.read_to_end(limit) => Next::Chunk(b.map(Some)),
-                    _ = relay::prefill_failed(&mut live.prefill) => Next::PrefillFailed,
+                    _ = relay::prefill_failed(&mut live.prefill.0) => Next::PrefillFailed,
                 };
                 (j, live, read)
             })
@@ -265,6 +266,9 @@ impl Run<'_> {
             match read {
                 Next::Chunk(Ok(body)) => {
                     self.pair.decode.record_leg(Some(live.leg.status()));
+                    // A whole answer means the KV arrived: its prefill drains to its end.
+                    let mut live = live;
+                    live.prefill.mute();
                     done[j] = Some((live, body.unwrap_or_default()));
                     left -= 1;
                 }
@@ -499,9 +503,7 @@ impl Run<'_> {
         if ctx.ttft.is_none() {
             ctx.ttft = Some(self.dispatched.elapsed());
         }
-        if let Some(p) = live.prefill.as_mut() {
-            p.mute();
-        }
+        live.prefill.mute();
         if relay::write_piece(session, Some(out), false).await.is_err() {
             return Some(Attempt::ClientGone);
         }

@@ -243,6 +243,28 @@ impl PrefillLeg {
     }
 }
 
+/// A detached prefill held while its decode's answer is relayed. Dropped, the leg is
+/// [abandoned](PrefillLeg::abandon): cancelled unless muted, so a relay mutes it once the decode
+/// has its KV (its first output, or its whole answer) and every other end cancels it.
+pub struct Abandoning(pub Option<PrefillLeg>);
+
+impl Abandoning {
+    /// The decode has its KV: the leg drains to its end when dropped.
+    pub fn mute(&mut self) {
+        if let Some(p) = self.0.as_mut() {
+            p.mute();
+        }
+    }
+}
+
+impl Drop for Abandoning {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.as_mut() {
+            p.abandon();
+        }
+    }
+}
+
 impl Drop for PrefillLeg {
     fn drop(&mut self) {
         match (

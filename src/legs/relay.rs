@@ -16,7 +16,7 @@ use pingora::proxy::Session;
 use super::client::{LegError, LegErrorKind, OpenLeg};
 use super::dispatch::Attempt;
 use super::parallel::PdLabels;
-use super::prefill::PrefillLeg;
+use super::prefill::{Abandoning, PrefillLeg};
 use crate::gateway::Gateway;
 use crate::head::{self, Head};
 use crate::in_box::in_box;
@@ -179,17 +179,15 @@ pub fn relay<'a>(
     async move {
         leg.set_read_timeout(Some(plan.stall_timeout));
         let status = leg.status();
-        let mut prefill = HeldPrefill {
-            leg: plan.prefill.take(),
-            completed: false,
-        };
+        let mut prefill = Abandoning(plan.prefill.take());
         // The one-shot steps are boxed where awaited: this future lives as long as the stream, and
         // inline each would size it (see "Memory per open stream" in bench/README.md).
         if !plan.streaming {
             let relayed =
-                in_box(|| relay_whole(session, ctx, leg, &mut plan, &mut prefill.leg, status))
-                    .await;
-            prefill.completed = matches!(relayed.0, RelayEnd::Complete);
+                in_box(|| relay_whole(session, ctx, leg, &mut plan, &mut prefill.0, status)).await;
+            if matches!(relayed.0, RelayEnd::Complete) {
+                prefill.mute();
+            }
             return relayed;
         }
         let head = match stream_head(leg.head(), status, ctx, plan.decode) {
@@ -236,7 +234,7 @@ pub fn relay<'a>(
                     kind: LegErrorKind::Timeout,
                     detail: "the request ran past request_timeout_secs".into(),
                 }),
-                _ = prefill_failed(&mut prefill.leg) => {
+                _ = prefill_failed(&mut prefill.0) => {
                     let e = LegError {
                         kind: LegErrorKind::Body,
                         detail: "the prefill leg failed before the KV was handed over".into(),
@@ -280,9 +278,7 @@ pub fn relay<'a>(
                 ctx.ttft = Some(plan.dispatched.elapsed());
                 // Output means the KV arrived: the prefill's fate no longer matters (it is still
                 // driven to its end).
-                if let Some(p) = prefill.leg.as_mut() {
-                    p.mute();
-                }
+                prefill.mute();
             }
             // The next piece (or the end) already here: this one waits for it in the buffer.
             in_hand = look_ahead.then(|| leg.piece_in_hand()).flatten();
@@ -301,26 +297,8 @@ pub fn relay<'a>(
             return (RelayEnd::ClientGone, None);
         }
         let reusable = leg.is_done();
-        prefill.completed = true;
+        prefill.mute();
         (RelayEnd::Complete, reusable.then_some(leg))
-    }
-}
-
-/// The held prefill while its decode is relayed. When the relay ends without completing (the
-/// decode failed, the client left, the deadline passed) it is [abandoned](PrefillLeg::abandon):
-/// cancelled unless the decode had produced output; a completed relay lets it drain.
-struct HeldPrefill {
-    leg: Option<PrefillLeg>,
-    completed: bool,
-}
-
-impl Drop for HeldPrefill {
-    fn drop(&mut self) {
-        if !self.completed {
-            if let Some(p) = self.leg.as_mut() {
-                p.abandon();
-            }
-        }
     }
 }
 

@@ -270,6 +270,36 @@ async fn one_failing_sample_fails_the_request_and_drops_the_other_samples() {
     }
 }
 
+/// A sample whose decode fails after its head, before any output: its prefill leg is dropped
+/// with the attempt, not left to wait out its engine's rendezvous timeout for a decode that is
+/// gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_whose_decode_fails_after_its_head_drops_its_prefill() {
+    let f = fleet(13, |c| {
+        c.bootstrap_timeout = Duration::from_secs(30);
+        c.waiting_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let gw = f.gateway("  retry_max_retries: 1\n").await;
+    f.decode
+        .inject(Fault::DropConnectionAfterHead {
+            count: Some(1),
+            matcher: FaultMatch::default(),
+        })
+        .await;
+    let body =
+        json!({"model": "mock-model", "prompt": "x", "n": 2, "max_tokens": 4, "stream": true});
+    let r = gw.post("/v1/completions", &body).await;
+    assert!(r.text().contains("error"), "{} {}", r.status, r.text());
+    let p = f.prefill.wait_records(2, Duration::from_secs(10)).await;
+    assert!(
+        f.prefill.wait_idle(Duration::from_secs(10)).await,
+        "a prefill leg was left to wait for its room's timeout: {:?} {:?}",
+        f.prefill.rooms(),
+        p.iter().map(|r| &r.outcome).collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_claims_one_decode_slot_per_sample() {
     let f = fleet(10, |c| c.max_running_requests = 2).await;
