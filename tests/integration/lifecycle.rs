@@ -331,15 +331,7 @@ async fn health_checks_take_a_dead_decode_out_and_bring_it_back() {
     let gw = started(&[p.worker_spec(), d.worker_spec()], extra).await;
     d.kill();
     drop(d);
-    let mut out = false;
-    for _ in 0..100 {
-        if gw.get("/readiness").await.status == 503 {
-            out = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(out, "a dead decode stayed ready");
+    wait_not_ready(&gw).await;
     let w = gw.get("/workers").await.json();
     let decode = w["workers"]
         .as_array()
@@ -352,10 +344,7 @@ async fn health_checks_take_a_dead_decode_out_and_bring_it_back() {
     assert_eq!(decode["is_healthy"], false);
     assert_eq!(gw.post("/generate", &generate()).await.status, 503);
 
-    let mut cfg = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 11, 3]);
-    cfg.port = port;
-    let d2 = MockEngine::spawn(cfg).await.unwrap();
-    gw_wait_ready(&gw).await;
+    let d2 = decode_back_at(&gw, [127, 0, 11, 3], port).await;
     assert_eq!(gw.post("/generate", &generate()).await.status, 200);
     assert_eq!(d2.records().len(), 1);
 }
@@ -400,19 +389,8 @@ async fn a_decode_back_in_health_is_readmitted_before_its_breaker_timeout() {
     // The engine goes away and comes back on the same address.
     d.kill();
     drop(d);
-    let mut out = false;
-    for _ in 0..200 {
-        if gw.get("/readiness").await.status == 503 {
-            out = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(out, "a dead decode stayed ready");
-    let mut cfg = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, [127, 0, 12, 3]);
-    cfg.port = port;
-    let d2 = MockEngine::spawn(cfg).await.unwrap();
-    gw_wait_ready(&gw).await;
+    wait_not_ready(&gw).await;
+    let d2 = decode_back_at(&gw, [127, 0, 12, 3], port).await;
 
     let r = gw.post("/generate", &generate()).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -436,6 +414,26 @@ async fn a_decode_back_in_health_is_readmitted_before_its_breaker_timeout() {
         Some(0.0),
         "half-open, then closed by the success"
     );
+}
+
+/// Waits (10 s at most) until the gateway is not ready: its only decode is down.
+async fn wait_not_ready(gw: &Gateway) {
+    for _ in 0..200 {
+        if gw.get("/readiness").await.status == 503 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("a dead decode stayed ready");
+}
+
+/// A decode engine started again on `ip:port`, once the gateway is ready with it.
+async fn decode_back_at(gw: &Gateway, ip: [u8; 4], port: u16) -> MockEngine {
+    let mut cfg = MockEngineConfig::test(EngineKind::Sglang, Role::Decode, ip);
+    cfg.port = port;
+    let d = MockEngine::spawn(cfg).await.unwrap();
+    gw_wait_ready(gw).await;
+    d
 }
 
 async fn gw_wait_ready(gw: &Gateway) {

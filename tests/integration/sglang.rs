@@ -274,15 +274,22 @@ async fn logprobs_are_merged_prefill_rows_first_in_json_and_every_sse_event() {
     assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prefill_error_fails_fast_and_drops_the_decode_leg() {
-    // The engines' own rendezvous timeout is long (30 s): a correct gateway answers well before it.
+/// A fleet whose engines wait 30 s for a rendezvous (so a leg the gateway failed to drop is
+/// seen, not timed out), behind a gateway that does not retry.
+async fn long_rendezvous_fleet() -> (SglangFleet, crate::harness::Gateway) {
     let fleet = SglangFleet::start(|c| {
         c.bootstrap_timeout = Duration::from_secs(30);
         c.waiting_timeout = Duration::from_secs(30);
     })
     .await;
     let gw = gateway_for(&fleet, "  retry_max_retries: 1\n").await;
+    (fleet, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_error_fails_fast_and_drops_the_decode_leg() {
+    // A correct gateway answers well before the engines' own rendezvous timeout.
+    let (fleet, gw) = long_rendezvous_fleet().await;
     fleet
         .prefill
         .inject(Fault::FailStatus {
@@ -328,13 +335,8 @@ async fn prefill_error_fails_fast_and_drops_the_decode_leg() {
 /// the KV) until its own bootstrap timeout, waiting for a decode that is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decode_failing_after_its_head_drops_the_prefill_leg() {
-    // The engines' own rendezvous timeout is long (30 s): only a dropped leg ends sooner.
-    let fleet = SglangFleet::start(|c| {
-        c.bootstrap_timeout = Duration::from_secs(30);
-        c.waiting_timeout = Duration::from_secs(30);
-    })
-    .await;
-    let gw = gateway_for(&fleet, "  retry_max_retries: 1\n").await;
+    // Only a dropped leg ends sooner than the engines' own rendezvous timeout.
+    let (fleet, gw) = long_rendezvous_fleet().await;
     fleet
         .decode
         .inject(Fault::DropConnectionAfterHead {
