@@ -13,10 +13,11 @@
 //! 2. From then on every response whose head has not gone out carries `Connection: close`
 //!    ([`Drain::close_if_draining`]), so a client learns to reconnect (to the new process) from
 //!    an answer, never from a closed socket.
-//! 3. An idle connection keeps waiting for its next request for the grace period
-//!    (`grace_period_seconds`: the old process lives that long anyway); a request that arrives is
-//!    read and served, with `Connection: close`. A new connection (accepted until the listener
-//!    closes) always waits for its first request.
+//! 3. An idle connection keeps waiting for its next request for the grace period at an
+//!    upgrade (`grace_period_seconds`), at most [`TERMINATE_IDLE_WAIT`] on SIGTERM; a request
+//!    that arrives is read and served, with `Connection: close`. A new connection (accepted
+//!    until the listener closes) waits for its first request up to
+//!    [`FIRST_REQUEST_AFTER_DRAIN`] past that.
 //! 4. A connection still idle at the end is closed so that no client can race it: a half-close
 //!    (FIN) first, then its input is read and discarded until the client closes too (bounded by
 //!    [`LINGER`]), so the kernel never answers a late request with a reset.
@@ -61,6 +62,9 @@ const NEW_CONNECTION_KEEPALIVE_SECS: u64 = 60;
 /// short enough that pooled idle connections do not hold the exit for the whole grace period.
 pub const TERMINATE_IDLE_WAIT: Duration = Duration::from_secs(5);
 
+/// How long past the drain's idle deadline a new connection may still send its first request.
+const FIRST_REQUEST_AFTER_DRAIN: Duration = Duration::from_secs(2);
+
 /// After the shutdown starts, how long the exit waits before it counts connections: a connection
 /// accepted just before the listener stopped is counted once its task first runs.
 const EXIT_SETTLE: Duration = Duration::from_millis(500);
@@ -70,8 +74,8 @@ const EXIT_SETTLE: Duration = Duration::from_millis(500);
 pub enum DrainReason {
     /// The listeners went to a new process (SIGQUIT): idle connections wait the grace period.
     Upgrade,
-    /// SIGTERM (or the end of an upgrade's hand-over): idle connections wait at most
-    /// [`TERMINATE_IDLE_WAIT`].
+    /// SIGTERM: idle connections wait at most [`TERMINATE_IDLE_WAIT`]. (At an upgrade the
+    /// drain has already started as `Upgrade` when its shutdown comes: the first start wins.)
     Shutdown,
 }
 
@@ -102,7 +106,8 @@ impl Drain {
     }
 
     /// Sets how long idle connections may still bring a request once the drain started: the
-    /// process's grace period (Pingora's `grace_period_seconds`), which it lives anyway.
+    /// process's grace period (Pingora's `grace_period_seconds`), the longest a drain may take
+    /// (shortened to [`TERMINATE_IDLE_WAIT`] on SIGTERM).
     pub fn set_idle_grace(&self, grace: Duration) {
         self.idle_grace_ms
             .store(grace.as_millis() as u64, Ordering::Relaxed);
@@ -171,14 +176,24 @@ impl Drain {
     }
 
     /// Waits for the first request of a new connection: its client connected to send one, so
-    /// the drain does not close it (a connection accepted just before the listener closes is
-    /// still served); only Pingora's first-request timeout applies.
+    /// the drain does not close it with the idle ones (a connection accepted just before the
+    /// listener closes is still served), but gives it [`FIRST_REQUEST_AFTER_DRAIN`] past the
+    /// idle deadline at most (a connection that never sends would hold the exit for Pingora's
+    /// first-request timeout).
     async fn first_request(&self, mut stream: Stream) -> Option<Arrived> {
         let wait = Duration::from_secs(NEW_CONNECTION_KEEPALIVE_SECS);
-        match tokio::time::timeout(wait, read_arrived(&mut stream)).await {
-            Ok(Some(head)) => Some(Arrived { stream, head }),
-            _ => None,
-        }
+        let arrived = tokio::select! {
+            biased;
+            head = tokio::time::timeout(wait, read_arrived(&mut stream)) => head.ok().flatten(),
+            _ = async {
+                self.idle_deadline().await;
+                tokio::time::sleep(FIRST_REQUEST_AFTER_DRAIN).await;
+            } => {
+                Box::pin(close_without_race(stream)).await;
+                return None;
+            }
+        };
+        arrived.map(|head| Arrived { stream, head })
     }
 
     /// Waits for the next request on an idle keep-alive connection. `Some` when request bytes
@@ -348,9 +363,15 @@ impl BackgroundService for DrainOnShutdown {
             }
         }
         // The listeners stop with the shutdown broadcast; a connection accepted just before is
-        // counted once its task runs.
-        tokio::time::sleep(EXIT_SETTLE).await;
-        DRAIN.all_closed().await;
+        // counted once its task runs: none open, twice, a settle apart.
+        loop {
+            tokio::time::sleep(EXIT_SETTLE).await;
+            DRAIN.all_closed().await;
+            tokio::time::sleep(EXIT_SETTLE).await;
+            if DRAIN.open.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+        }
         log::info!("drained: no client connection is open; exiting");
         let exit = self.exit;
         // Off the runtime: the exit may block (the trace exporter's flush).

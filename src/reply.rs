@@ -25,7 +25,7 @@ pub struct Reply {
     pub body: Bytes,
     /// Gateway error code (header `X-SMG-Error-Code`, metrics, access log).
     pub error_code: Option<&'static str>,
-    /// `Retry-After` seconds (overload sheds).
+    /// `Retry-After` seconds (overload sheds, admission refusals, `no_available_workers`).
     pub retry_after: Option<u64>,
     /// Whether the attempt loop may retry this outcome with a new pair.
     pub retryable: bool,

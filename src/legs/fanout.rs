@@ -86,9 +86,10 @@ pub async fn attempt(
             room: Some(first_room),
             sample: Some(j),
         };
+        // The engines get the sample's id without the minted route prefix (as the request's).
         let headers = req
             .forward
-            .with_request_id(&format!("{}-{j}", ctx.engine_request_id()));
+            .with_request_id(id.get(ctx.engine_request_id_from..).unwrap_or(&id));
         let legs = SampleLegs::new(
             ctx,
             pair,
@@ -182,7 +183,8 @@ struct Live {
 }
 
 impl Live {
-    /// Lets the sample's prefill drain on its own and takes its decode for the relay.
+    /// Holds the sample's prefill detached (it drains on its own once muted; see
+    /// [`Abandoning`]) and takes its decode for the relay.
     fn new(o: OpenSample, stall: std::time::Duration) -> Live {
         let mut prefill = o.prefill;
         prefill.detach();

@@ -224,7 +224,8 @@ pub async fn attempt(
         };
         (merge_source, _decode_in_flight) = (logprobs, in_flight);
         // The relay drives the prefill to its end; if the relay ends first, the prefill finishes
-        // on its own.
+        // on its own — unless the decode ended before any output: it is then cancelled (see
+        // `prefill::Abandoning`).
         prefill.detach();
 
         let plan = RelayPlan {

@@ -11,7 +11,8 @@
 //! Ownership of the leg's fate: dropping the handle cancels the leg (its connection closes and
 //! the engine aborts the room), unless [`PrefillLeg::detach`] was called; a detached leg that
 //! has not ended when its handle is dropped goes on in a task of its own, to the end of its
-//! body on its own deadline. Whoever holds the leg drives it by awaiting [`PrefillLeg::head`],
+//! body on its own deadline — unless it was [abandoned](PrefillLeg::abandon) before being muted
+//! (its decode ended before any output), which makes dropping it cancel it again. Whoever holds the leg drives it by awaiting [`PrefillLeg::head`],
 //! [`PrefillLeg::body`] or [`PrefillLeg::failed`].
 
 use std::future::Future;
@@ -226,7 +227,7 @@ impl PrefillLeg {
     }
 
     /// Lets the leg drain to its end on its own when the handle is dropped: dropping it no
-    /// longer cancels it.
+    /// longer cancels it (until an unmuted [`PrefillLeg::abandon`]).
     pub fn detach(&mut self) {
         self.detached = true;
     }
@@ -585,7 +586,9 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_detached_leg_dropped_mid_body_reads_it_to_the_end() {
-        for placement in PLACEMENTS {
+        // Detached; or detached, muted (its decode produced output) and then dropped from an
+        // `Abandoning` guard, which must not cancel it.
+        for (placement, muted) in PLACEMENTS.into_iter().flat_map(|p| [(p, false), (p, true)]) {
             let (l, go, mut saw) = past_head(Then::Finish, placement, false).await;
             let Leg {
                 mut leg,
@@ -593,7 +596,13 @@ mod tests {
                 mut ended,
             } = l;
             leg.detach();
-            drop(leg);
+            if muted {
+                let mut held = Abandoning(Some(leg));
+                held.mute();
+                drop(held);
+            } else {
+                drop(leg);
+            }
             go.send(()).await.unwrap();
             assert_eq!(
                 within(saw.recv()).await,
@@ -607,6 +616,35 @@ mod tests {
                 "{placement:?}: {end:?}"
             );
             assert_eq!(worker.in_flight(), 0, "{placement:?}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_detached_leg_abandoned_unmuted_is_cancelled_and_its_connection_closed() {
+        for placement in PLACEMENTS {
+            let (l, _go, mut saw) = past_head(Then::Finish, placement, false).await;
+            let Leg {
+                mut leg,
+                worker,
+                mut ended,
+            } = l;
+            leg.detach();
+            // Its decode ended before any output: the guard abandons it as it drops.
+            drop(Abandoning(Some(leg)));
+            let mut seen = within(saw.recv()).await;
+            if seen == Some(Saw::HalfSent) {
+                seen = within(saw.recv()).await;
+            }
+            assert_eq!(seen, Some(Saw::Closed), "{placement:?}");
+            assert!(within(ended.recv()).await.is_none(), "{placement:?}");
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while worker.in_flight() != 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{placement:?}: still in flight"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         }
     }
 

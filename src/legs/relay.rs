@@ -183,12 +183,8 @@ pub fn relay<'a>(
         // The one-shot steps are boxed where awaited: this future lives as long as the stream, and
         // inline each would size it (see "Memory per open stream" in bench/README.md).
         if !plan.streaming {
-            let relayed =
-                in_box(|| relay_whole(session, ctx, leg, &mut plan, &mut prefill.0, status)).await;
-            if matches!(relayed.0, RelayEnd::Complete) {
-                prefill.mute();
-            }
-            return relayed;
+            return in_box(|| relay_whole(session, ctx, leg, &mut plan, &mut prefill.0, status))
+                .await;
         }
         let head = match stream_head(leg.head(), status, ctx, plan.decode) {
             Ok(h) => h,
@@ -211,6 +207,10 @@ pub fn relay<'a>(
         // a held flush is always followed by a write.
         let look_ahead = merge.is_none();
         let mut in_hand = look_ahead.then(|| leg.piece_in_hand()).flatten();
+        if in_hand.is_some() {
+            // Output is already here, so the KV arrived: the prefill drains to its end.
+            prefill.mute();
+        }
         if Box::pin(start_stream(session, ctx, head, status, in_hand.is_some()))
             .await
             .is_err()
@@ -274,11 +274,11 @@ pub fn relay<'a>(
             if out.is_empty() {
                 continue;
             }
+            // Output means the KV arrived: the prefill's fate no longer matters (it is still
+            // driven to its end, and drains if the relay ends first).
+            prefill.mute();
             if ctx.ttft.is_none() {
                 ctx.ttft = Some(plan.dispatched.elapsed());
-                // Output means the KV arrived: the prefill's fate no longer matters (it is still
-                // driven to its end).
-                prefill.mute();
             }
             // The next piece (or the end) already here: this one waits for it in the buffer.
             in_hand = look_ahead.then(|| leg.piece_in_hand()).flatten();
@@ -424,6 +424,11 @@ async fn relay_whole(
         Ok(b) => b,
         Err(e) => return (RelayEnd::NotSent(unread_answer(&e)), None),
     };
+    // The decode's whole answer is in, so its KV arrived: the prefill drains to its end,
+    // whatever happens to the answer's delivery.
+    if let Some(p) = prefill.as_mut() {
+        p.mute();
+    }
     if plan.read_cache_report && (200..300).contains(&status) {
         if let Some(r) = pdgate_filters::usage::prompt_cache_report(&body) {
             ctx.kv_verdict = ctx.kv_verdict.with_report(r.prompt_tokens, r.cached_tokens);

@@ -25,7 +25,7 @@ pub fn single_leg_peer(ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
 pub fn prepare_request(upstream: &mut RequestHeader, ctx: &RequestCtx) -> pingora::Result<()> {
     if let Some((w, _)) = &ctx.single_leg {
         upstream.insert_header("host", w.address.authority.as_str())?;
-        upstream.insert_header("x-request-id", ctx.request_id.as_str())?;
+        upstream.insert_header("x-request-id", ctx.engine_request_id())?;
     }
     Ok(())
 }

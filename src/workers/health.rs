@@ -101,11 +101,12 @@ impl HealthChecker {
                     w.status().as_str(),
                     n.as_str()
                 );
-                let was = w.status();
-                w.set_status(n);
-                if n == Status::Ready && was != Status::Pending {
+                // Re-admitted before it is published as Ready, so no request sees a ready
+                // worker whose breaker still refuses it.
+                if n == Status::Ready && w.status() != Status::Pending {
                     w.breaker.readmit_on_health();
                 }
+                w.set_status(n);
             }
         }
         let wait = if w.status() == Status::Pending {

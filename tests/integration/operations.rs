@@ -563,6 +563,10 @@ async fn sigterm_exits_once_drained_not_at_the_end_of_the_grace_period() {
         idle.post_json("/generate", &body).await.unwrap().status,
         200
     );
+    // And a connection that never sends a request (Pingora would wait 60 s for one).
+    let _silent = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
     let long = json!({"text": "long", "stream": true, "sampling_params": {"max_new_tokens": 100, "ignore_eos": true}});
     let mut s = gw.stream("/generate", &long).await;
     assert_eq!(s.status, 200);
@@ -578,8 +582,9 @@ async fn sigterm_exits_once_drained_not_at_the_end_of_the_grace_period() {
         "{}",
         String::from_utf8_lossy(&rest)
     );
-    // Well under the 120 s grace: the stream's end, then the idle connection's 5 s wait.
-    let status = gw.wait_exit(Duration::from_secs(60)).await;
+    // Well under the 120 s grace and the silent connection's 60 s: the stream's end, then the
+    // idle connections' 5 s wait (+2 s for the one that never sent a request).
+    let status = gw.wait_exit(Duration::from_secs(30)).await;
     assert!(
         status.is_some_and(|s| s.success()),
         "the gateway did not exit once drained: {status:?}\n{}",
