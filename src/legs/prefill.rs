@@ -631,20 +631,32 @@ mod tests {
             leg.detach();
             // Its decode ended before any output: the guard abandons it as it drops.
             drop(Abandoning(Some(leg)));
-            let mut seen = within(saw.recv()).await;
-            if seen == Some(Saw::HalfSent) {
-                seen = within(saw.recv()).await;
-            }
-            assert_eq!(seen, Some(Saw::Closed), "{placement:?}");
-            assert!(within(ended.recv()).await.is_none(), "{placement:?}");
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while worker.in_flight() != 0 {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{placement:?}: still in flight"
-                );
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            assert_cancelled(&mut saw, &mut ended, &worker, &format!("{placement:?}")).await;
+        }
+    }
+
+    /// The engine saw the leg's connection close, the leg reported nothing (its closure went
+    /// with it), and it left the in-flight count (an aborted task drops its state after the
+    /// closure: waited for, with a deadline).
+    async fn assert_cancelled(
+        saw: &mut mpsc::Receiver<Saw>,
+        ended: &mut mpsc::UnboundedReceiver<PrefillEnd>,
+        worker: &Worker,
+        case: &str,
+    ) {
+        let mut seen = within(saw.recv()).await;
+        if seen == Some(Saw::HalfSent) {
+            seen = within(saw.recv()).await;
+        }
+        assert_eq!(seen, Some(Saw::Closed), "{case}");
+        assert!(within(ended.recv()).await.is_none(), "{case}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while worker.in_flight() != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{case}: still in flight"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
@@ -672,22 +684,8 @@ mod tests {
                 );
             }
             drop(leg);
-            let mut seen = within(saw.recv()).await;
-            if seen == Some(Saw::HalfSent) {
-                seen = within(saw.recv()).await;
-            }
-            assert_eq!(seen, Some(Saw::Closed), "{placement:?} {then:?}");
-            // Cancelled: nothing is reported (the closure is dropped with the leg).
-            assert!(within(ended.recv()).await.is_none(), "{placement:?}");
-            // An aborted task drops its state after the closure: wait for it, with a deadline.
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while worker.in_flight() != 0 {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{placement:?}: still in flight"
-                );
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let case = format!("{placement:?} {then:?}");
+            assert_cancelled(&mut saw, &mut ended, &worker, &case).await;
         }
     }
 
