@@ -63,32 +63,13 @@ fn model_card(id: &str) -> Value {
 }
 
 /// A path segment with its `%XX` escapes decoded (a client library may escape a model id's `/`
-/// or `:`); an escape that is not two hex digits, or bytes that are not UTF-8, stay as sent.
+/// or `:`); an escape that is not two hex digits stays as sent, and so does the whole segment
+/// when the decoded bytes are not UTF-8.
 fn percent_decoded(raw: &str) -> String {
-    if !raw.contains('%') {
-        return raw.to_string();
+    match percent_encoding::percent_decode_str(raw).decode_utf8() {
+        Ok(id) => id.into_owned(),
+        Err(_) => raw.to_string(),
     }
-    let b = raw.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (
-            b[i],
-            b.get(i + 1).copied().and_then(hex),
-            b.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).unwrap_or_else(|_| raw.to_string())
 }
 
 /// `GET /get_server_info` and `GET /get_model_info`: the first registered healthy prefill
