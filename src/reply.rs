@@ -22,11 +22,15 @@ pub struct Reply {
     pub status: u16,
     /// `""`: none here (an empty preflight answer; an engine's own is in `headers`).
     pub content_type: &'static str,
+    /// Empty for a gateway error until it is sent (see `message`).
     pub body: Bytes,
+    /// A gateway error's message: its body is written when it is sent, in the shape its route
+    /// speaks (OpenAI's error object, or Anthropic's on the Messages API).
+    pub message: Option<Box<str>>,
     /// Gateway error code (header `X-SMG-Error-Code`, metrics, access log).
     pub error_code: Option<&'static str>,
     /// `Retry-After` seconds (overload sheds, admission refusals, `no_available_workers`).
-    pub retry_after: Option<u64>,
+    pub retry_after: Option<u32>,
     /// Whether the attempt loop may retry this outcome with a new pair.
     pub retryable: bool,
     /// Extra headers (e.g. `x-smg-routed-worker-id`, `allow`, an engine's own headers).
@@ -44,9 +48,10 @@ impl Reply {
         Reply {
             status,
             content_type: JSON,
-            body: Bytes::from(render_error(status, code.as_str(), message.as_ref())),
+            body: Bytes::new(),
+            message: Some(message.as_ref().into()),
             error_code: Some(code.as_str()),
-            retry_after: code.fixed_retry_after_secs(),
+            retry_after: code.fixed_retry_after_secs().map(retry_after_secs),
             retryable: false,
             headers: Vec::new(),
         }
@@ -65,6 +70,7 @@ impl Reply {
             status,
             content_type,
             body: body.into(),
+            message: None,
             error_code: None,
             retry_after: None,
             retryable: false,
@@ -99,32 +105,27 @@ impl Reply {
     }
 
     pub fn with_retry_after(mut self, secs: u64) -> Reply {
-        self.retry_after = Some(secs);
+        self.retry_after = Some(retry_after_secs(secs));
         self
     }
 }
 
-/// The Messages API routes answer the gateway's errors in Anthropic's shape, as SMG 1.13.0.
-fn speaks_anthropic(endpoint: Option<&Endpoint>) -> bool {
-    matches!(
-        endpoint,
-        Some(Endpoint::Pd(Route::Messages) | Endpoint::CountTokens)
-    )
+/// `Retry-After` seconds as a reply keeps them (32 bits: a reply stays small enough to be an
+/// `Err` by value); no configuration comes near the cap.
+fn retry_after_secs(secs: u64) -> u32 {
+    u32::try_from(secs).unwrap_or(u32::MAX)
 }
 
-/// A gateway error's body in Anthropic's shape: the message taken back from the rendered body
-/// (an error path; the OpenAI body is what every other route sends).
-fn anthropic_body(reply: &Reply, request_id: &str) -> Bytes {
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(&reply.body).ok();
-    let message = parsed
-        .as_ref()
-        .and_then(|v| v["error"]["message"].as_str())
-        .unwrap_or_else(|| errors::reason_phrase(reply.status));
-    Bytes::from(errors::render_anthropic_error(
-        reply.status,
-        message,
-        request_id,
-    ))
+/// A gateway error's body in its route's shape: Anthropic's on the Messages API routes (as
+/// SMG 1.13.0 answers them), OpenAI's error object everywhere else.
+fn error_body(status: u16, code: &str, message: &str, ctx: &RequestCtx) -> Bytes {
+    let body = match ctx.endpoint {
+        Some(Endpoint::Pd(Route::Messages) | Endpoint::CountTokens) => {
+            errors::render_anthropic_error(status, message, &ctx.request_id)
+        }
+        _ => render_error(status, code, message),
+    };
+    Bytes::from(body)
 }
 
 /// Writes `reply` as the whole response. The connection stays reusable.
@@ -143,8 +144,8 @@ async fn send_now(
     ctx: &mut RequestCtx,
     mut reply: Reply,
 ) -> pingora::Result<()> {
-    if reply.error_code.is_some() && speaks_anthropic(ctx.endpoint.as_ref()) {
-        reply.body = anthropic_body(&reply, &ctx.request_id);
+    if let (Some(message), Some(code)) = (reply.message.take(), reply.error_code) {
+        reply.body = error_body(reply.status, code, &message, ctx);
     }
     let mut h = Head::new(reply.status, 5 + reply.headers.len())?;
     if !reply.content_type.is_empty() {
@@ -162,7 +163,7 @@ async fn send_now(
         h.insert(head::X_SMG_ERROR_CODE, HeaderValue::from_static(code));
     }
     if let Some(secs) = reply.retry_after {
-        h.insert(http::header::RETRY_AFTER, head::number(secs));
+        h.insert(http::header::RETRY_AFTER, head::number(u64::from(secs)));
     }
     for (name, value) in reply.headers {
         h.append(name, value);
