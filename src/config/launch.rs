@@ -178,385 +178,206 @@ pub enum Disposition {
     Ignored,
 }
 
-/// SMG flags outside [`GatewayConfig`], by snake_case name: what pdgate does when one is given,
-/// and why. One table for `launch` (refuse/notice) and YAML (explain an unknown key).
-pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] = {
-    use Disposition::{Ignored, Refused};
-    const NO_MEMORY_HISTORY: &str = "the memory history backend stores nothing in pdgate; /v1/responses is proxied to the engine";
-    const NO_WARM_UP: &str = "cache_aware has no warm-up slice: a new worker, holding the fewest requests, takes the cache misses as the min-load worker";
-    const NO_SILENCE_RULE: &str = "pdgate takes a worker out of routing on failed health probes and its circuit breaker (a prefill → decode link on failed handoffs), not on silence";
-    &[
-        ("worker_urls", Refused, "regular (non-PD) workers are SMG's regular mode; pdgate serves only PD: use --prefill/--decode"),
-        ("enable_igw", Refused, "IGW (multi-model, multi-router) mode is not supported; pdgate is a PD router"),
-        ("router_selector", Refused, "the HA mesh (router pod discovery) is not supported"),
-        ("model_id_from", Refused, "overriding model ids from pod metadata is not supported; discovered workers report their models"),
-        ("model_alias", Refused, "model aliases are not supported"),
-        ("backend", Refused, "external-provider backends (openai, anthropic, gemini) are not PD; engine backends are detected per worker"),
-        ("zmq_engine_count", Refused, "ipc:// (ZMQ) workers cannot be PD legs"),
-        ("log_dir", Refused, "pdgate logs to stderr (Pingora's `error_log` in daemon mode); capture it with your supervisor"),
-        ("priority_scheduler_enabled", Refused, "the priority admission scheduler is not supported"),
-        ("priority_scheduler_config", Refused, "the priority admission scheduler is not supported"),
-        ("tenant_rate_limit_enabled", Refused, "tenant rate limiting is not supported"),
-        ("tenant_rate_limit_config", Refused, "tenant rate limiting is not supported"),
-        ("tenant_api_key", Refused, "per-tenant API keys are not supported; use --api-key"),
-        ("trust_tenant_header", Refused, "tenants are not supported"),
-        ("storage_context_headers", Refused, "storage hooks are not supported"),
-        ("history_backend", Refused, "stored conversation history (oracle, postgres, redis) is not supported; /v1/responses is proxied to the engine"),
-        ("enable_wasm", Refused, "WebAssembly plugins are not supported"),
-        ("storage_hook_wasm_path", Refused, "WebAssembly plugins are not supported"),
-        ("schema_config", Refused, "history storage is not supported"),
-        ("oracle_wallet_path", Refused, "history storage is not supported"),
-        ("oracle_tns_alias", Refused, "history storage is not supported"),
-        ("oracle_dsn", Refused, "history storage is not supported"),
-        ("oracle_connect_descriptor", Refused, "history storage is not supported"),
-        ("oracle_user", Refused, "history storage is not supported"),
-        ("oracle_username", Refused, "history storage is not supported"),
-        ("oracle_password", Refused, "history storage is not supported"),
-        ("oracle_external_auth", Refused, "history storage is not supported"),
-        ("oracle_pool_min", Refused, "history storage is not supported"),
-        ("oracle_pool_max", Refused, "history storage is not supported"),
-        ("oracle_pool_timeout_secs", Refused, "history storage is not supported"),
-        ("postgres_db_url", Refused, "history storage is not supported"),
-        ("postgres_pool_max_size", Refused, "history storage is not supported"),
-        ("postgres_pool_max", Refused, "history storage is not supported"),
-        ("postgres_op_timeout_secs", Refused, "history storage is not supported"),
-        ("redis_url", Refused, "history storage is not supported"),
-        ("redis_pool_max_size", Refused, "history storage is not supported"),
-        ("redis_pool_max", Refused, "history storage is not supported"),
-        ("redis_retention_days", Refused, "history storage is not supported"),
-        ("redis_op_timeout_secs", Refused, "history storage is not supported"),
-        ("tls_cert_path", Refused, "TLS termination is not supported yet; terminate TLS in front of pdgate"),
-        ("tls_key_path", Refused, "TLS termination is not supported yet; terminate TLS in front of pdgate"),
-        ("client_cert_path", Refused, "client certificates (mTLS) towards workers are not supported"),
-        ("client_key_path", Refused, "client certificates (mTLS) towards workers are not supported"),
-        ("ca_cert_paths", Refused, "custom CA certificates for workers' TLS are not supported"),
-        ("jwt_issuer", Refused, "control-plane JWT/OIDC authentication is not supported; use --api-key and a separate admin listener (admin_port)"),
-        ("jwt_audience", Refused, "control-plane JWT/OIDC authentication is not supported"),
-        ("jwt_jwks_uri", Refused, "control-plane JWT/OIDC authentication is not supported"),
-        ("jwt_role_claim", Refused, "control-plane JWT/OIDC authentication is not supported"),
-        ("jwt_role_mapping", Refused, "control-plane JWT/OIDC authentication is not supported"),
-        ("control_plane_api_keys", Refused, "control-plane API keys are not supported; use --api-key and a separate admin listener (admin_port)"),
-        ("control_plane_audit_enabled", Refused, "the control-plane audit log is not supported"),
-        ("enable_mesh", Refused, "the HA mesh is not supported; run independent pdgate replicas"),
-        ("mesh_server_name", Refused, "the HA mesh is not supported"),
-        ("mesh_host", Refused, "the HA mesh is not supported"),
-        ("mesh_advertise_host", Refused, "the HA mesh is not supported"),
-        ("mesh_port", Refused, "the HA mesh is not supported"),
-        ("mesh_peer_urls", Refused, "the HA mesh is not supported"),
-        ("mesh_tls_ca_cert", Refused, "the HA mesh is not supported"),
-        ("mesh_tls_cert", Refused, "the HA mesh is not supported"),
-        ("mesh_tls_key", Refused, "the HA mesh is not supported"),
-        ("webrtc_bind_addr", Refused, "WebRTC is not supported"),
-        ("webrtc_stun_server", Refused, "WebRTC is not supported"),
-        ("mcp_config_path", Refused, "MCP tools are not supported"),
-        ("enable_rl", Refused, "the RL control plane (/v1/rl) is not supported"),
-        ("prefill_max_inflight_requests_per_worker", Refused, "the per-worker prefill in-flight cap (and its admission queue) is not supported; --max-concurrent-requests bounds the gateway as a whole, and worker overload protection skips busy workers"),
-        ("priority_scheduler_default_max_class", Ignored, "only used with the priority scheduler"),
-        ("priority_scheduler_tenant_metric_top_n", Ignored, "only used with the priority scheduler"),
-        ("tenant_header_name", Ignored, "only used with --trust-tenant-header"),
-        ("rl_control_timeout_secs", Ignored, "only used with --enable-rl"),
-        ("rl_fanout_concurrency", Ignored, "only used with --enable-rl"),
-        ("prefill_queue_size", Ignored, "only used with --prefill-max-inflight-requests-per-worker"),
-        ("prefill_queue_timeout_secs", Ignored, "only used with --prefill-max-inflight-requests-per-worker"),
-        ("history_memory_max_responses", Ignored, NO_MEMORY_HISTORY),
-        ("history_memory_max_items", Ignored, NO_MEMORY_HISTORY),
-        ("history_memory_retention_secs", Ignored, NO_MEMORY_HISTORY),
-        ("max_background_responses", Ignored, "pdgate runs no background responses: HTTP engines answer /v1/responses themselves, and the gRPC path refuses `background`"),
-        ("jemalloc_prof_dir", Ignored, "pdgate has no heap-profile route"),
-        ("disable_audit_logging", Ignored, "pdgate has no control-plane audit log"),
-        ("job_queue_capacity", Ignored, "pdgate registers workers without SMG's job queue"),
-        ("job_queue_concurrency", Ignored, "pdgate registers workers without SMG's job queue"),
-        ("upstream_http2", Ignored, "pdgate speaks HTTP/1.1 to workers (SMG falls back to it for workers without HTTP/2)"),
-        ("disable_load_monitoring", Ignored, "pdgate polls loads only when a policy or overload protection needs them"),
-        ("engine_metrics", Ignored, "engine load gauges come from gRPC load reports"),
-        ("kv_indexer_ttl_secs", Ignored, "the event-driven KV indexer is gRPC-only"),
-        ("kv_indexer_max_entries", Ignored, "the event-driven KV indexer is gRPC-only"),
-        ("kv_index", Ignored, "cache_aware matches prompts against pdgate's own tree; there is no event-driven KV index"),
-        ("selection_policy", Ignored, "cache_aware has one selection rule (SMG's only selection policy, cache-aware-default)"),
-        ("selection_accounting_ttl_ms", Ignored, "cache_aware's load is the gateway's own in-flight count, charged at dispatch; there are no bookings to expire"),
-        ("power_of_two_load_metric", Ignored, "power_of_two always compares least_load's expected-wait score (SMG's default, expected_wait)"),
-        ("bucket_adjust_interval_secs", Ignored, "the bucket policy rebalances its ranges at SMG's default interval, which is not configurable"),
-        ("worker_warmup_secs", Ignored, NO_WARM_UP),
-        ("worker_warmup_share", Ignored, NO_WARM_UP),
-        ("worker_warmup_blocks", Ignored, NO_WARM_UP),
-        ("worker_warmup_thin_ratio", Ignored, NO_WARM_UP),
-        ("worker_warmup_divert_every", Ignored, NO_WARM_UP),
-        ("worker_stall_secs", Ignored, NO_SILENCE_RULE),
-        ("worker_wedge_secs", Ignored, NO_SILENCE_RULE),
-        ("worker_stale_secs", Ignored, NO_SILENCE_RULE),
-        ("worker_overload_shed", Ignored, "pdgate always sheds (503 worker_overload_protection_shed) when every available worker of a leg is overloaded"),
-        ("dp_minimum_tokens_scheduler", Ignored, "with --dp-aware every DP rank is a worker of its own, chosen by the prefill/decode policy (least_load and power_of_two weigh the ranks' requests in flight); there is no separate per-rank token scheduler"),
-        ("mm_pixel_rdma", Refused, "the RDMA pixel lane is not supported; tensors travel inline in the gRPC message"),
-        ("mm_pixel_cache_mb", Ignored, "pdgate keeps no pixel cache: each request's images are preprocessed once, for all its attempts"),
-        ("multimodal_max_inflight_bytes", Ignored, "pdgate bounds each image (20 MiB fetched, 8192x8192 pixels) and the images per request (--mm-per-request-image-limit), not the bytes in flight across requests"),
-        ("rdma_listen_ip", Ignored, "only used by the RDMA pixel lane"),
-        ("rdma_slot_ttl_s", Ignored, "only used by the RDMA pixel lane"),
-        ("log_mm_timing", Ignored, "pdgate logs no per-request media timing"),
-        ("multimodal_tensor_transport", Ignored, "HTTP legs carry media as sent; gRPC legs carry tensors inline"),
-        ("multimodal_shm_min_bytes", Ignored, "HTTP legs carry media as sent; gRPC legs carry tensors inline"),
-        ("max_buffered_request_bytes", Ignored, "PD requests are always buffered, up to --max-payload-size"),
-        ("stream_body_stall_timeout_secs", Ignored, "PD request bodies are read whole, bounded by --body-read-timeout-secs"),
-        ("header_read_timeout_secs", Ignored, "a request head is read under Pingora's fixed keep-alive timeout (per read); the body under --body-read-timeout-secs"),
-        ("idle_connection_timeout_secs", Ignored, "an idle client connection stays open until the client closes it (SMG's 0)"),
-        ("sse_keepalive_secs", Ignored, "pdgate sends no SSE keep-alive frames: a stream carries what the engine sends (--stream-idle-timeout-secs bounds its silences)"),
-        ("disable_tokenizer_autoload", Ignored, "gRPC pipeline only"),
-        ("reasoning_parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
-        ("tool_call_parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
-        ("parser", Ignored, "gRPC pipeline only; HTTP engines parse their own output"),
-        ("tokenizer_cache_l0_max_memory", Ignored, "the L0 tokenizer cache is bounded by entries (--tokenizer-cache-l0-max-entries), not bytes"),
-    ]
-};
-
 /// Launch-only flags that map onto Pingora's top-level keys; in YAML, write those instead.
 pub(crate) const LAUNCH_ONLY_PROCESS_FLAGS: &[(&str, &str)] = &[
     ("runtime_worker_threads", "threads"),
     ("shutdown_grace_period_secs", "grace_period_seconds"),
 ];
 
-/// The SMG flags pdgate parses but does not implement. Types are loose on purpose (strings,
-/// options): the value is never used, only whether the flag asks for a feature.
-#[derive(Clone, Debug, Default, clap::Args)]
-pub struct SmgOnlyFlags {
-    #[arg(long, num_args = 0.., hide = true)]
-    worker_urls: Vec<String>,
-    #[arg(long, hide = true)]
-    enable_igw: bool,
-    #[arg(long, num_args = 0.., hide = true)]
-    router_selector: Vec<String>,
-    #[arg(long, hide = true)]
-    model_id_from: Option<String>,
-    #[arg(long = "model-alias", action = clap::ArgAction::Append, hide = true)]
-    model_alias: Vec<String>,
+/// Reasons shared by several flags.
+const NO_MEMORY_HISTORY: &str =
+    "the memory history backend stores nothing in pdgate; /v1/responses is proxied to the engine";
+const NO_WARM_UP: &str = "cache_aware has no warm-up slice: a new worker, holding the fewest requests, takes the cache misses as the min-load worker";
+const NO_SILENCE_RULE: &str = "pdgate takes a worker out of routing on failed health probes and its circuit breaker (a prefill → decode link on failed handoffs), not on silence";
+
+/// Declares the SMG flags pdgate parses but does not implement, each once: its field (a loose
+/// type — the value is never used, only whether the flag asks for a feature), its extra clap
+/// arguments (every one is `--long` and hidden), what pdgate does when it is given and why, and,
+/// for a flag whose "off" value is not a request, the test that it asks for something. Makes
+/// [`SmgOnlyFlags`], its `given` and [`SMG_ONLY_FLAGS`] out of the one list.
+macro_rules! smg_only_flags {
+    ($(
+        $(#[doc = $doc:literal])*
+        $field:ident: $ty:ty [$($arg:tt)*] => $disposition:ident($why:expr) $(if $asks:ident)?,
+    )*) => {
+        /// SMG flags outside [`GatewayConfig`], by snake_case name: what pdgate does when one is
+        /// given, and why. One table for `launch` (refuse/notice) and YAML (explain an unknown
+        /// key).
+        pub const SMG_ONLY_FLAGS: &[(&str, Disposition, &str)] =
+            &[$((stringify!($field), Disposition::$disposition, $why)),*];
+
+        /// The SMG flags pdgate parses but does not implement.
+        #[derive(Clone, Debug, Default, clap::Args)]
+        pub struct SmgOnlyFlags {
+            $(
+                $(#[doc = $doc])*
+                #[arg(long, hide = true, $($arg)*)]
+                $field: $ty,
+            )*
+        }
+
+        impl SmgOnlyFlags {
+            /// The snake_case names of the flags given on the command line that ask for
+            /// something (SMG's "off" values — `--prefill-max-inflight-requests-per-worker -1`,
+            /// `--history-backend memory`, `--backend vllm`, … — are not requests).
+            pub fn given(&self) -> Vec<&'static str> {
+                let mut out = Vec::new();
+                $(
+                    if smg_only_flags!(@asks self.$field $(, $asks)?) {
+                        out.push(stringify!($field));
+                    }
+                )*
+                out
+            }
+        }
+    };
+    (@asks $value:expr) => { Given::given(&$value) };
+    (@asks $value:expr, $asks:ident) => { $asks(&$value) };
+}
+
+smg_only_flags! {
+    worker_urls: Vec<String> [num_args = 0..] => Refused("regular (non-PD) workers are SMG's regular mode; pdgate serves only PD: use --prefill/--decode"),
+    enable_igw: bool [] => Refused("IGW (multi-model, multi-router) mode is not supported; pdgate is a PD router"),
+    router_selector: Vec<String> [num_args = 0..] => Refused("the HA mesh (router pod discovery) is not supported"),
+    model_id_from: Option<String> [] => Refused("overriding model ids from pod metadata is not supported; discovered workers report their models"),
+    model_alias: Vec<String> [action = clap::ArgAction::Append] => Refused("model aliases are not supported"),
     /// `sglang`, `vllm`, `trtllm` and `tokenspeed` are accepted (the HTTP PD path detects the
     /// runtime per worker); the external providers are refused.
-    #[arg(long, alias = "runtime", value_parser = ["sglang", "vllm", "trtllm", "tokenspeed", "openai", "anthropic", "gemini"], hide = true)]
-    backend: Option<String>,
-    #[arg(long, hide = true)]
-    zmq_engine_count: Option<String>,
-    #[arg(long, hide = true)]
-    log_dir: Option<String>,
-    #[arg(long, hide = true)]
-    priority_scheduler_enabled: bool,
-    #[arg(long, hide = true)]
-    priority_scheduler_config: Option<String>,
-    #[arg(long, hide = true)]
-    tenant_rate_limit_enabled: bool,
-    #[arg(long, hide = true)]
-    tenant_rate_limit_config: Option<String>,
-    #[arg(long = "tenant-api-key", action = clap::ArgAction::Append, hide = true)]
-    tenant_api_key: Vec<String>,
-    #[arg(long, hide = true)]
-    trust_tenant_header: bool,
-    #[arg(long, num_args = 0.., hide = true)]
-    storage_context_headers: Vec<String>,
+    backend: Option<String> [alias = "runtime", value_parser = ["sglang", "vllm", "trtllm", "tokenspeed", "openai", "anthropic", "gemini"]] => Refused("external-provider backends (openai, anthropic, gemini) are not PD; engine backends are detected per worker") if names_an_external_provider,
+    zmq_engine_count: Option<String> [] => Refused("ipc:// (ZMQ) workers cannot be PD legs"),
+    log_dir: Option<String> [] => Refused("pdgate logs to stderr (Pingora's `error_log` in daemon mode); capture it with your supervisor"),
+    priority_scheduler_enabled: bool [] => Refused("the priority admission scheduler is not supported"),
+    priority_scheduler_config: Option<String> [] => Refused("the priority admission scheduler is not supported"),
+    tenant_rate_limit_enabled: bool [] => Refused("tenant rate limiting is not supported"),
+    tenant_rate_limit_config: Option<String> [] => Refused("tenant rate limiting is not supported"),
+    tenant_api_key: Vec<String> [action = clap::ArgAction::Append] => Refused("per-tenant API keys are not supported; use --api-key"),
+    trust_tenant_header: bool [] => Refused("tenants are not supported"),
+    storage_context_headers: Vec<String> [num_args = 0..] => Refused("storage hooks are not supported"),
     /// `memory` (SMG's default) and `none` are accepted: pdgate stores nothing.
-    #[arg(long, value_parser = ["memory", "none", "oracle", "postgres", "redis"], hide = true)]
-    history_backend: Option<String>,
-    #[arg(long, hide = true)]
-    enable_wasm: bool,
-    #[arg(long, hide = true)]
-    storage_hook_wasm_path: Option<String>,
-    #[arg(long, hide = true)]
-    schema_config: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_wallet_path: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_tns_alias: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_dsn: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_user: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_password: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_external_auth: bool,
-    #[arg(long, hide = true)]
-    oracle_pool_min: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_pool_max: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_pool_timeout_secs: Option<String>,
-    #[arg(long, hide = true)]
-    postgres_db_url: Option<String>,
-    #[arg(long, hide = true)]
-    postgres_pool_max_size: Option<String>,
-    #[arg(long, hide = true)]
-    redis_url: Option<String>,
-    #[arg(long, hide = true)]
-    redis_pool_max_size: Option<String>,
-    #[arg(long, allow_negative_numbers = true, hide = true)]
-    redis_retention_days: Option<String>,
-    #[arg(long, hide = true)]
-    tls_cert_path: Option<String>,
-    #[arg(long, hide = true)]
-    tls_key_path: Option<String>,
-    #[arg(long, hide = true)]
-    jwt_issuer: Option<String>,
-    #[arg(long, hide = true)]
-    jwt_audience: Option<String>,
-    #[arg(long, hide = true)]
-    jwt_jwks_uri: Option<String>,
-    #[arg(long, hide = true)]
-    jwt_role_claim: Option<String>,
-    #[arg(long, action = clap::ArgAction::Append, hide = true)]
-    jwt_role_mapping: Vec<String>,
-    #[arg(long = "control-plane-api-keys", action = clap::ArgAction::Append, hide = true)]
-    control_plane_api_keys: Vec<String>,
-    #[arg(long, hide = true)]
-    enable_mesh: bool,
-    #[arg(long, hide = true)]
-    mesh_server_name: Option<String>,
-    #[arg(long, hide = true)]
-    mesh_host: Option<String>,
-    #[arg(long, hide = true)]
-    mesh_advertise_host: Option<String>,
-    #[arg(long, hide = true)]
-    mesh_port: Option<String>,
-    #[arg(long, num_args = 0.., hide = true)]
-    mesh_peer_urls: Vec<String>,
-    #[arg(long, hide = true)]
-    webrtc_bind_addr: Option<String>,
-    #[arg(long, hide = true)]
-    webrtc_stun_server: Option<String>,
-    #[arg(long, hide = true)]
-    mcp_config_path: Option<String>,
-    #[arg(long, hide = true)]
-    priority_scheduler_default_max_class: Option<String>,
-    #[arg(long, hide = true)]
-    priority_scheduler_tenant_metric_top_n: Option<String>,
-    #[arg(long, hide = true)]
-    tenant_header_name: Option<String>,
-    #[arg(long, hide = true)]
-    disable_audit_logging: bool,
-    #[arg(long, hide = true)]
-    job_queue_capacity: Option<String>,
-    #[arg(long, hide = true)]
-    job_queue_concurrency: Option<String>,
-    #[arg(long, hide = true)]
-    upstream_http2: bool,
-    #[arg(long, hide = true)]
-    disable_load_monitoring: bool,
-    #[arg(long, hide = true)]
-    engine_metrics: bool,
-    #[arg(long, hide = true)]
-    kv_indexer_ttl_secs: Option<String>,
-    #[arg(long, hide = true)]
-    kv_indexer_max_entries: Option<String>,
-    #[arg(long, hide = true)]
-    dp_minimum_tokens_scheduler: bool,
-    #[arg(long, hide = true)]
-    mm_pixel_rdma: bool,
-    #[arg(long, hide = true)]
-    mm_pixel_cache_mb: Option<String>,
-    #[arg(long, hide = true)]
-    multimodal_max_inflight_bytes: Option<String>,
-    #[arg(long, hide = true)]
-    rdma_listen_ip: Option<String>,
-    #[arg(long, hide = true)]
-    rdma_slot_ttl_s: Option<String>,
-    #[arg(long, hide = true)]
-    log_mm_timing: bool,
-    #[arg(long, hide = true)]
-    multimodal_tensor_transport: Option<String>,
-    #[arg(long, hide = true)]
-    multimodal_shm_min_bytes: Option<String>,
-    #[arg(long, hide = true)]
-    max_buffered_request_bytes: Option<String>,
-    #[arg(long, hide = true)]
-    stream_body_stall_timeout_secs: Option<String>,
-    #[arg(long, hide = true)]
-    disable_tokenizer_autoload: bool,
-    #[arg(long, hide = true)]
-    reasoning_parser: Option<String>,
-    #[arg(long, hide = true)]
-    tool_call_parser: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_connect_descriptor: Option<String>,
-    #[arg(long, hide = true)]
-    oracle_username: Option<String>,
-    #[arg(long, hide = true)]
-    postgres_pool_max: Option<String>,
-    #[arg(long, hide = true)]
-    postgres_op_timeout_secs: Option<String>,
-    #[arg(long, hide = true)]
-    redis_pool_max: Option<String>,
-    #[arg(long, hide = true)]
-    redis_op_timeout_secs: Option<String>,
-    #[arg(long, hide = true)]
-    client_cert_path: Option<String>,
-    #[arg(long, hide = true)]
-    client_key_path: Option<String>,
-    #[arg(long, num_args = 0.., hide = true)]
-    ca_cert_paths: Vec<String>,
-    #[arg(long, hide = true)]
-    control_plane_audit_enabled: bool,
-    #[arg(long, hide = true)]
-    mesh_tls_ca_cert: Option<String>,
-    #[arg(long, hide = true)]
-    mesh_tls_cert: Option<String>,
-    #[arg(long, hide = true)]
-    mesh_tls_key: Option<String>,
-    #[arg(long, hide = true)]
-    enable_rl: bool,
-    #[arg(long, hide = true)]
-    rl_control_timeout_secs: Option<String>,
-    #[arg(long, hide = true)]
-    rl_fanout_concurrency: Option<String>,
+    history_backend: Option<String> [value_parser = ["memory", "none", "oracle", "postgres", "redis"]] => Refused("stored conversation history (oracle, postgres, redis) is not supported; /v1/responses is proxied to the engine") if asks_for_history_storage,
+    enable_wasm: bool [] => Refused("WebAssembly plugins are not supported"),
+    storage_hook_wasm_path: Option<String> [] => Refused("WebAssembly plugins are not supported"),
+    schema_config: Option<String> [] => Refused("history storage is not supported"),
+    oracle_wallet_path: Option<String> [] => Refused("history storage is not supported"),
+    oracle_tns_alias: Option<String> [] => Refused("history storage is not supported"),
+    oracle_dsn: Option<String> [] => Refused("history storage is not supported"),
+    oracle_connect_descriptor: Option<String> [] => Refused("history storage is not supported"),
+    oracle_user: Option<String> [] => Refused("history storage is not supported"),
+    oracle_username: Option<String> [] => Refused("history storage is not supported"),
+    oracle_password: Option<String> [] => Refused("history storage is not supported"),
+    oracle_external_auth: bool [] => Refused("history storage is not supported"),
+    oracle_pool_min: Option<String> [] => Refused("history storage is not supported"),
+    oracle_pool_max: Option<String> [] => Refused("history storage is not supported"),
+    oracle_pool_timeout_secs: Option<String> [] => Refused("history storage is not supported"),
+    postgres_db_url: Option<String> [] => Refused("history storage is not supported"),
+    postgres_pool_max_size: Option<String> [] => Refused("history storage is not supported"),
+    postgres_pool_max: Option<String> [] => Refused("history storage is not supported"),
+    postgres_op_timeout_secs: Option<String> [] => Refused("history storage is not supported"),
+    redis_url: Option<String> [] => Refused("history storage is not supported"),
+    redis_pool_max_size: Option<String> [] => Refused("history storage is not supported"),
+    redis_pool_max: Option<String> [] => Refused("history storage is not supported"),
+    redis_retention_days: Option<String> [allow_negative_numbers = true] => Refused("history storage is not supported"),
+    redis_op_timeout_secs: Option<String> [] => Refused("history storage is not supported"),
+    tls_cert_path: Option<String> [] => Refused("TLS termination is not supported yet; terminate TLS in front of pdgate"),
+    tls_key_path: Option<String> [] => Refused("TLS termination is not supported yet; terminate TLS in front of pdgate"),
+    client_cert_path: Option<String> [] => Refused("client certificates (mTLS) towards workers are not supported"),
+    client_key_path: Option<String> [] => Refused("client certificates (mTLS) towards workers are not supported"),
+    ca_cert_paths: Vec<String> [num_args = 0..] => Refused("custom CA certificates for workers' TLS are not supported"),
+    jwt_issuer: Option<String> [] => Refused("control-plane JWT/OIDC authentication is not supported; use --api-key and a separate admin listener (admin_port)"),
+    jwt_audience: Option<String> [] => Refused("control-plane JWT/OIDC authentication is not supported"),
+    jwt_jwks_uri: Option<String> [] => Refused("control-plane JWT/OIDC authentication is not supported"),
+    jwt_role_claim: Option<String> [] => Refused("control-plane JWT/OIDC authentication is not supported"),
+    jwt_role_mapping: Vec<String> [action = clap::ArgAction::Append] => Refused("control-plane JWT/OIDC authentication is not supported"),
+    control_plane_api_keys: Vec<String> [action = clap::ArgAction::Append] => Refused("control-plane API keys are not supported; use --api-key and a separate admin listener (admin_port)"),
+    control_plane_audit_enabled: bool [] => Refused("the control-plane audit log is not supported"),
+    enable_mesh: bool [] => Refused("the HA mesh is not supported; run independent pdgate replicas"),
+    mesh_server_name: Option<String> [] => Refused("the HA mesh is not supported"),
+    mesh_host: Option<String> [] => Refused("the HA mesh is not supported"),
+    mesh_advertise_host: Option<String> [] => Refused("the HA mesh is not supported"),
+    mesh_port: Option<String> [] => Refused("the HA mesh is not supported"),
+    mesh_peer_urls: Vec<String> [num_args = 0..] => Refused("the HA mesh is not supported"),
+    mesh_tls_ca_cert: Option<String> [] => Refused("the HA mesh is not supported"),
+    mesh_tls_cert: Option<String> [] => Refused("the HA mesh is not supported"),
+    mesh_tls_key: Option<String> [] => Refused("the HA mesh is not supported"),
+    webrtc_bind_addr: Option<String> [] => Refused("WebRTC is not supported"),
+    webrtc_stun_server: Option<String> [] => Refused("WebRTC is not supported"),
+    mcp_config_path: Option<String> [] => Refused("MCP tools are not supported"),
+    enable_rl: bool [] => Refused("the RL control plane (/v1/rl) is not supported"),
     /// A value ≤ 0 is SMG's "no cap" (its default, -1), not a request.
-    #[arg(long, allow_negative_numbers = true, hide = true)]
-    prefill_max_inflight_requests_per_worker: Option<String>,
-    #[arg(long, hide = true)]
-    prefill_queue_size: Option<String>,
-    #[arg(long, hide = true)]
-    prefill_queue_timeout_secs: Option<String>,
-    #[arg(long, hide = true)]
-    history_memory_max_responses: Option<String>,
-    #[arg(long, hide = true)]
-    history_memory_max_items: Option<String>,
-    #[arg(long, hide = true)]
-    history_memory_retention_secs: Option<String>,
-    #[arg(long, hide = true)]
-    max_background_responses: Option<String>,
-    #[arg(long, hide = true)]
-    jemalloc_prof_dir: Option<String>,
-    #[arg(long, hide = true)]
-    kv_index: Option<String>,
-    #[arg(long, hide = true)]
-    selection_policy: Option<String>,
-    #[arg(long, hide = true)]
-    selection_accounting_ttl_ms: Option<String>,
-    #[arg(long, hide = true)]
-    power_of_two_load_metric: Option<String>,
-    #[arg(long, hide = true)]
-    bucket_adjust_interval_secs: Option<String>,
-    #[arg(long, hide = true)]
-    worker_warmup_secs: Option<String>,
-    #[arg(long, hide = true)]
-    worker_warmup_share: Option<String>,
-    #[arg(long, hide = true)]
-    worker_warmup_blocks: Option<String>,
-    #[arg(long, hide = true)]
-    worker_warmup_thin_ratio: Option<String>,
-    #[arg(long, hide = true)]
-    worker_warmup_divert_every: Option<String>,
-    #[arg(long, hide = true)]
-    worker_stall_secs: Option<String>,
-    #[arg(long, hide = true)]
-    worker_wedge_secs: Option<String>,
-    #[arg(long, hide = true)]
-    worker_stale_secs: Option<String>,
-    #[arg(long, hide = true)]
-    worker_overload_shed: bool,
-    #[arg(long, hide = true)]
-    header_read_timeout_secs: Option<String>,
-    #[arg(long, hide = true)]
-    idle_connection_timeout_secs: Option<String>,
-    #[arg(long, hide = true)]
-    sse_keepalive_secs: Option<String>,
-    #[arg(long, hide = true)]
-    parser: Option<String>,
-    #[arg(long, hide = true)]
-    tokenizer_cache_l0_max_memory: Option<String>,
+    prefill_max_inflight_requests_per_worker: Option<String> [allow_negative_numbers = true] => Refused("the per-worker prefill in-flight cap (and its admission queue) is not supported; --max-concurrent-requests bounds the gateway as a whole, and worker overload protection skips busy workers") if asks_for_a_cap,
+    priority_scheduler_default_max_class: Option<String> [] => Ignored("only used with the priority scheduler"),
+    priority_scheduler_tenant_metric_top_n: Option<String> [] => Ignored("only used with the priority scheduler"),
+    tenant_header_name: Option<String> [] => Ignored("only used with --trust-tenant-header"),
+    rl_control_timeout_secs: Option<String> [] => Ignored("only used with --enable-rl"),
+    rl_fanout_concurrency: Option<String> [] => Ignored("only used with --enable-rl"),
+    prefill_queue_size: Option<String> [] => Ignored("only used with --prefill-max-inflight-requests-per-worker"),
+    prefill_queue_timeout_secs: Option<String> [] => Ignored("only used with --prefill-max-inflight-requests-per-worker"),
+    history_memory_max_responses: Option<String> [] => Ignored(NO_MEMORY_HISTORY),
+    history_memory_max_items: Option<String> [] => Ignored(NO_MEMORY_HISTORY),
+    history_memory_retention_secs: Option<String> [] => Ignored(NO_MEMORY_HISTORY),
+    max_background_responses: Option<String> [] => Ignored("pdgate runs no background responses: HTTP engines answer /v1/responses themselves, and the gRPC path refuses `background`"),
+    jemalloc_prof_dir: Option<String> [] => Ignored("pdgate has no heap-profile route"),
+    disable_audit_logging: bool [] => Ignored("pdgate has no control-plane audit log"),
+    job_queue_capacity: Option<String> [] => Ignored("pdgate registers workers without SMG's job queue"),
+    job_queue_concurrency: Option<String> [] => Ignored("pdgate registers workers without SMG's job queue"),
+    upstream_http2: bool [] => Ignored("pdgate speaks HTTP/1.1 to workers (SMG falls back to it for workers without HTTP/2)"),
+    disable_load_monitoring: bool [] => Ignored("pdgate polls loads only when a policy or overload protection needs them"),
+    engine_metrics: bool [] => Ignored("engine load gauges come from gRPC load reports"),
+    kv_indexer_ttl_secs: Option<String> [] => Ignored("the event-driven KV indexer is gRPC-only"),
+    kv_indexer_max_entries: Option<String> [] => Ignored("the event-driven KV indexer is gRPC-only"),
+    kv_index: Option<String> [] => Ignored("cache_aware matches prompts against pdgate's own tree; there is no event-driven KV index"),
+    selection_policy: Option<String> [] => Ignored("cache_aware has one selection rule (SMG's only selection policy, cache-aware-default)"),
+    selection_accounting_ttl_ms: Option<String> [] => Ignored("cache_aware's load is the gateway's own in-flight count, charged at dispatch; there are no bookings to expire"),
+    power_of_two_load_metric: Option<String> [] => Ignored("power_of_two always compares least_load's expected-wait score (SMG's default, expected_wait)"),
+    bucket_adjust_interval_secs: Option<String> [] => Ignored("the bucket policy rebalances its ranges at SMG's default interval, which is not configurable"),
+    worker_warmup_secs: Option<String> [] => Ignored(NO_WARM_UP),
+    worker_warmup_share: Option<String> [] => Ignored(NO_WARM_UP),
+    worker_warmup_blocks: Option<String> [] => Ignored(NO_WARM_UP),
+    worker_warmup_thin_ratio: Option<String> [] => Ignored(NO_WARM_UP),
+    worker_warmup_divert_every: Option<String> [] => Ignored(NO_WARM_UP),
+    worker_stall_secs: Option<String> [] => Ignored(NO_SILENCE_RULE),
+    worker_wedge_secs: Option<String> [] => Ignored(NO_SILENCE_RULE),
+    worker_stale_secs: Option<String> [] => Ignored(NO_SILENCE_RULE),
+    worker_overload_shed: bool [] => Ignored("pdgate always sheds (503 worker_overload_protection_shed) when every available worker of a leg is overloaded"),
+    dp_minimum_tokens_scheduler: bool [] => Ignored("with --dp-aware every DP rank is a worker of its own, chosen by the prefill/decode policy (least_load and power_of_two weigh the ranks' requests in flight); there is no separate per-rank token scheduler"),
+    mm_pixel_rdma: bool [] => Refused("the RDMA pixel lane is not supported; tensors travel inline in the gRPC message"),
+    mm_pixel_cache_mb: Option<String> [] => Ignored("pdgate keeps no pixel cache: each request's images are preprocessed once, for all its attempts"),
+    multimodal_max_inflight_bytes: Option<String> [] => Ignored("pdgate bounds each image (20 MiB fetched, 8192x8192 pixels) and the images per request (--mm-per-request-image-limit), not the bytes in flight across requests"),
+    rdma_listen_ip: Option<String> [] => Ignored("only used by the RDMA pixel lane"),
+    rdma_slot_ttl_s: Option<String> [] => Ignored("only used by the RDMA pixel lane"),
+    log_mm_timing: bool [] => Ignored("pdgate logs no per-request media timing"),
+    multimodal_tensor_transport: Option<String> [] => Ignored("HTTP legs carry media as sent; gRPC legs carry tensors inline"),
+    multimodal_shm_min_bytes: Option<String> [] => Ignored("HTTP legs carry media as sent; gRPC legs carry tensors inline"),
+    max_buffered_request_bytes: Option<String> [] => Ignored("PD requests are always buffered, up to --max-payload-size"),
+    stream_body_stall_timeout_secs: Option<String> [] => Ignored("PD request bodies are read whole, bounded by --body-read-timeout-secs"),
+    header_read_timeout_secs: Option<String> [] => Ignored("a request head is read under Pingora's fixed keep-alive timeout (per read); the body under --body-read-timeout-secs"),
+    idle_connection_timeout_secs: Option<String> [] => Ignored("an idle client connection stays open until the client closes it (SMG's 0)"),
+    sse_keepalive_secs: Option<String> [] => Ignored("pdgate sends no SSE keep-alive frames: a stream carries what the engine sends (--stream-idle-timeout-secs bounds its silences)"),
+    disable_tokenizer_autoload: bool [] => Ignored("gRPC pipeline only"),
+    reasoning_parser: Option<String> [] => Ignored("gRPC pipeline only; HTTP engines parse their own output"),
+    tool_call_parser: Option<String> [] => Ignored("gRPC pipeline only; HTTP engines parse their own output"),
+    parser: Option<String> [] => Ignored("gRPC pipeline only; HTTP engines parse their own output"),
+    tokenizer_cache_l0_max_memory: Option<String> [] => Ignored("the L0 tokenizer cache is bounded by entries (--tokenizer-cache-l0-max-entries), not bytes"),
+}
+
+/// `--history-backend`: `memory` (SMG's default) and `none` store nothing, as pdgate.
+fn asks_for_history_storage(backend: &Option<String>) -> bool {
+    backend
+        .as_deref()
+        .is_some_and(|b| !matches!(b, "memory" | "none"))
+}
+
+/// `--prefill-max-inflight-requests-per-worker`: a value ≤ 0 is SMG's "no cap".
+fn asks_for_a_cap(cap: &Option<String>) -> bool {
+    cap.as_deref()
+        .is_some_and(|v| v.trim().parse::<i64>().map_or(true, |cap| cap > 0))
+}
+
+/// `--backend`: an engine runtime is detected per worker; an external provider is refused.
+fn names_an_external_provider(backend: &Option<String>) -> bool {
+    backend
+        .as_deref()
+        .is_some_and(|b| matches!(b, "openai" | "anthropic" | "gemini"))
 }
 
 /// "Was this flag given?" for the loose types of [`SmgOnlyFlags`].
@@ -579,159 +400,6 @@ impl<T> Given for Option<T> {
 impl<T> Given for Vec<T> {
     fn given(&self) -> bool {
         !self.is_empty()
-    }
-}
-
-impl SmgOnlyFlags {
-    /// The snake_case names of the flags given on the command line that ask for something
-    /// (SMG's "off" values — `--prefill-max-inflight-requests-per-worker -1`,
-    /// `--history-backend memory`, `--backend vllm`, … — are not requests).
-    pub fn given(&self) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        macro_rules! given {
-            ($($field:ident),* $(,)?) => {
-                $( if Given::given(&self.$field) { out.push(stringify!($field)); } )*
-            };
-        }
-        given!(
-            worker_urls,
-            enable_igw,
-            router_selector,
-            model_id_from,
-            model_alias,
-            zmq_engine_count,
-            log_dir,
-            priority_scheduler_enabled,
-            priority_scheduler_config,
-            tenant_rate_limit_enabled,
-            tenant_rate_limit_config,
-            tenant_api_key,
-            trust_tenant_header,
-            storage_context_headers,
-            enable_wasm,
-            storage_hook_wasm_path,
-            schema_config,
-            oracle_wallet_path,
-            oracle_tns_alias,
-            oracle_dsn,
-            oracle_user,
-            oracle_password,
-            oracle_external_auth,
-            oracle_pool_min,
-            oracle_pool_max,
-            oracle_pool_timeout_secs,
-            postgres_db_url,
-            postgres_pool_max_size,
-            redis_url,
-            redis_pool_max_size,
-            redis_retention_days,
-            tls_cert_path,
-            tls_key_path,
-            jwt_issuer,
-            jwt_audience,
-            jwt_jwks_uri,
-            jwt_role_claim,
-            jwt_role_mapping,
-            control_plane_api_keys,
-            enable_mesh,
-            mesh_server_name,
-            mesh_host,
-            mesh_advertise_host,
-            mesh_port,
-            mesh_peer_urls,
-            webrtc_bind_addr,
-            webrtc_stun_server,
-            mcp_config_path,
-            priority_scheduler_default_max_class,
-            priority_scheduler_tenant_metric_top_n,
-            tenant_header_name,
-            disable_audit_logging,
-            job_queue_capacity,
-            job_queue_concurrency,
-            upstream_http2,
-            disable_load_monitoring,
-            engine_metrics,
-            kv_indexer_ttl_secs,
-            kv_indexer_max_entries,
-            dp_minimum_tokens_scheduler,
-            mm_pixel_rdma,
-            mm_pixel_cache_mb,
-            multimodal_max_inflight_bytes,
-            rdma_listen_ip,
-            rdma_slot_ttl_s,
-            log_mm_timing,
-            multimodal_tensor_transport,
-            multimodal_shm_min_bytes,
-            max_buffered_request_bytes,
-            stream_body_stall_timeout_secs,
-            disable_tokenizer_autoload,
-            reasoning_parser,
-            tool_call_parser,
-            oracle_connect_descriptor,
-            oracle_username,
-            postgres_pool_max,
-            postgres_op_timeout_secs,
-            redis_pool_max,
-            redis_op_timeout_secs,
-            client_cert_path,
-            client_key_path,
-            ca_cert_paths,
-            control_plane_audit_enabled,
-            mesh_tls_ca_cert,
-            mesh_tls_cert,
-            mesh_tls_key,
-            enable_rl,
-            rl_control_timeout_secs,
-            rl_fanout_concurrency,
-            prefill_queue_size,
-            prefill_queue_timeout_secs,
-            history_memory_max_responses,
-            history_memory_max_items,
-            history_memory_retention_secs,
-            max_background_responses,
-            jemalloc_prof_dir,
-            kv_index,
-            selection_policy,
-            selection_accounting_ttl_ms,
-            power_of_two_load_metric,
-            bucket_adjust_interval_secs,
-            worker_warmup_secs,
-            worker_warmup_share,
-            worker_warmup_blocks,
-            worker_warmup_thin_ratio,
-            worker_warmup_divert_every,
-            worker_stall_secs,
-            worker_wedge_secs,
-            worker_stale_secs,
-            worker_overload_shed,
-            header_read_timeout_secs,
-            idle_connection_timeout_secs,
-            sse_keepalive_secs,
-            parser,
-            tokenizer_cache_l0_max_memory,
-        );
-        if self
-            .history_backend
-            .as_deref()
-            .is_some_and(|b| !matches!(b, "memory" | "none"))
-        {
-            out.push("history_backend");
-        }
-        if self
-            .prefill_max_inflight_requests_per_worker
-            .as_deref()
-            .is_some_and(|v| v.trim().parse::<i64>().map_or(true, |cap| cap > 0))
-        {
-            out.push("prefill_max_inflight_requests_per_worker");
-        }
-        if self
-            .backend
-            .as_deref()
-            .is_some_and(|b| matches!(b, "openai" | "anthropic" | "gemini"))
-        {
-            out.push("backend");
-        }
-        out
     }
 }
 
