@@ -10,7 +10,9 @@
 //! `response.created`, `response.in_progress`, `response.output_item.added`,
 //! `response.content_part.added`, one `response.output_text.delta` per non-empty delta, then
 //! `response.output_text.done`, `response.content_part.done`, `response.output_item.done`,
-//! `response.completed` (the final response object). A failure is `response.failed` with the
+//! `response.completed` (the final response object), or `response.incomplete` when the output
+//! cap ended it (OpenAI's event, which SMG sends too; SGLang's own server sends
+//! `response.completed` either way, and clients switching on the event name misread that). A failure is `response.failed` with the
 //! response `status: "failed"` and `error: {code, message}`. Only choice 0 is written.
 
 use super::{ResponseSpec, ResponseWriter};
@@ -240,9 +242,16 @@ impl ResponseWriter for ResponsesWriter {
         self.message_item(out, "completed", true);
         out.push(b'}');
         write::event_end(out);
-        self.event(out, "response.completed");
+        let status = self.final_status();
+        self.event(
+            out,
+            match status {
+                Status::Incomplete => "response.incomplete",
+                _ => "response.completed",
+            },
+        );
         write::next_key(out, "response");
-        self.response_object(out, self.final_status(), None);
+        self.response_object(out, status, None);
         out.push(b'}');
         write::event_end(out);
     }

@@ -585,10 +585,33 @@ fn responses_stream_events_and_sequence_numbers() {
         ev("response.output_text.done", 5, &format!(r#"{loc},"text":"Yo""#)),
         ev("response.content_part.done", 6, &format!(r#"{loc},"part":{{"type":"output_text","text":"Yo","annotations":[]}}"#)),
         ev("response.output_item.done", 7, &format!(r#","output_index":0,"item":{item}"#)),
-        ev("response.completed", 8, &format!(r#","response":{}"#, obj("incomplete", item, r#"{"reason":"max_output_tokens"}"#, 1))),
+        ev("response.incomplete", 8, &format!(r#","response":{}"#, obj("incomplete", item, r#"{"reason":"max_output_tokens"}"#, 1))),
     ]
     .concat();
     assert_eq!(got, want);
+}
+
+#[test]
+fn a_responses_stream_that_stopped_ends_with_response_completed() {
+    let mut s = spec(Route::Responses, true);
+    s.prompt_tokens = vec![3];
+    let events = |reason| {
+        run(
+            s.clone(),
+            vec![
+                Ev::Text(0, "Yo", &[]),
+                Ev::End(0, reason, None, usage(3, 1)),
+            ],
+        )
+    };
+    let stopped = events(FinishReason::Stop);
+    let last = stopped.rsplit("event: ").next().unwrap();
+    assert!(last.starts_with("response.completed\n"), "{stopped}");
+    assert!(last.contains(r#""status":"completed""#), "{stopped}");
+    let capped = events(FinishReason::Length);
+    let last = capped.rsplit("event: ").next().unwrap();
+    assert!(last.starts_with("response.incomplete\n"), "{capped}");
+    assert!(!capped.contains("response.completed"), "{capped}");
 }
 
 #[test]
