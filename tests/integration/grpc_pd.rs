@@ -351,6 +351,28 @@ async fn a_refused_decode_answers_at_once_and_the_prefill_is_aborted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_out_of_room_is_retried() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 27]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 28]).await;
+    let gw = gateway(&p, &d).await;
+    refuse_next_generate(
+        &d,
+        mock_engine::GrpcCode::ResourceExhausted,
+        Some("no free KV slots"),
+    )
+    .await;
+    let r = gw.post("/v1/chat/completions", &chat(4, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let calls = d.records().iter().filter(|r| r.grpc.is_some()).count();
+    assert_eq!(
+        calls,
+        2,
+        "the refused call and its retry: {:?}",
+        d.records()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_prefill_answers_at_once_and_the_waiting_decode_is_not_cut() {
     let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 23]).await;
     let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 24]).await;

@@ -271,7 +271,9 @@ pub fn mint_room(engine: Engine, dp: Option<(u32, u32)>) -> u64 {
 }
 
 /// The answer when the engine refused a leg (`Generate` ended with a status before any message):
-/// the leg's code with the status mapped to HTTP; server-side statuses may be retried.
+/// the leg's code with the status mapped to HTTP. Server-side statuses may be retried, and so
+/// may RESOURCE_EXHAUSTED (429: that engine is full; another pair may have room, as SMG retries
+/// it); the retry settings' status list has the last word.
 pub fn leg_failed_to_start(leg: &str, status: &Status) -> Reply {
     let http = grpc_status_to_http(status.code() as i32);
     let code = if leg == "prefill" {
@@ -284,7 +286,7 @@ pub fn leg_failed_to_start(leg: &str, status: &Status) -> Reply {
         code,
         format!("the {leg} worker refused the request: {}", status.message()),
     )
-    .retryable(http >= 500)
+    .retryable(http >= 500 || http == 429)
 }
 
 /// A prefill stream that failed after it started (the decode cannot get its KV).
