@@ -430,6 +430,66 @@ async fn a_client_leaving_mid_stream_aborts_the_decode() {
     assert!(d.wait_idle(Duration::from_secs(5)).await);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_a_non_streamed_request_aborts_the_decode() {
+    use tokio::io::AsyncWriteExt;
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 29]).await;
+    let mut dc = MockEngineConfig::grpc_test(EngineKind::Sglang, Role::Decode, [127, 0, 30, 30])
+        .with_vocab(vocab());
+    dc.itl_ms = 50;
+    let d = MockEngine::spawn(dc).await.unwrap();
+    let gw = gateway(&p, &d).await;
+    let body = chat(400, false).to_string();
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: pdgate\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    // The prefill has handed off its KV (it answered) and the decode is generating (400
+    // tokens, 50 ms apart: 20 s); the client leaves.
+    let handed_off = p
+        .wait_for(Duration::from_secs(10), |e| {
+            e.records()
+                .first()
+                .is_some_and(|r| r.outcome.done_at_ms.is_some())
+        })
+        .await;
+    assert!(handed_off, "the prefill never answered: {:?}", p.records());
+    // …and the gateway has taken the prefill's answer in (its breaker counted the success).
+    let counted = |m: &str| {
+        m.lines().any(|l| {
+            l.starts_with("smg_worker_cb_outcomes_total")
+                && l.contains("127.0.30.29")
+                && l.contains("success")
+                && l.ends_with(" 1")
+        })
+    };
+    let m = gw.metrics_when(counted).await;
+    assert!(counted(&m), "{m}");
+    assert!(!d.records().is_empty(), "the decode never got its leg");
+    drop(conn);
+    let aborted = d
+        .wait_for(Duration::from_secs(5), |e| {
+            e.records()
+                .first()
+                .is_some_and(|r| r.outcome.cancelled || r.outcome.grpc_code.is_some())
+                || !e.aborts().is_empty()
+        })
+        .await;
+    assert!(
+        aborted,
+        "the decode still runs 5 s after its client left: {:?}\n{}",
+        d.records(),
+        gw.log()
+    );
+    assert!(d.wait_idle(Duration::from_secs(5)).await);
+}
+
 async fn vllm_pair(
     connector: mock_engine::Connector,
     ips: ([u8; 4], [u8; 4]),

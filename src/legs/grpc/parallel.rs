@@ -323,6 +323,7 @@ async fn open_all(
     drop(encodes);
     for i in done {
         samples[i].prefill_done = true;
+        samples[i].decode.kv_received();
     }
     outcome
 }
