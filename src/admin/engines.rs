@@ -1,6 +1,7 @@
 //! The routes SMG's PD router serves from its workers rather than from a prefill/decode pair:
 //! `GET /v1/models` (the registry's models), `GET /get_server_info` and `GET /get_model_info`
-//! (proxied to the first registered prefill worker) and `POST /flush_cache` (every worker).
+//! (proxied to the first registered prefill worker), `POST /flush_cache` and `GET /get_loads`
+//! (every worker).
 //! Shapes and codes are SMG 1.13.0's (checked against `smg launch` on the mock engines).
 
 use std::time::Duration;
@@ -14,6 +15,7 @@ use crate::gateway::Gateway;
 use crate::reply::Reply;
 use crate::workers::grpc::ControlChannels;
 use crate::workers::intake::worker_call;
+use crate::workers::load;
 use crate::workers::Worker;
 
 /// How long a proxied info request or a worker's cache flush may take.
@@ -135,6 +137,101 @@ pub async fn proxy_info(
     }
 }
 
+/// `GET /get_loads`: every engine's load report, asked now (SMG's shape: one row per DP rank
+/// with its worker and role, and the aggregate over the rows). An engine that gives no report
+/// is left out of `loads` and named in `unreachable` with why (pdgate's addition).
+pub async fn loads(gw: &Gateway) -> Reply {
+    let snap = gw.registry.snapshot();
+    let mut engines: Vec<&std::sync::Arc<Worker>> = Vec::new();
+    for w in snap.all.iter() {
+        if !engines
+            .iter()
+            .any(|e| e.address.base_url == w.address.base_url)
+        {
+            engines.push(w);
+        }
+    }
+    let channels = ControlChannels::new();
+    let timeout = gw.settings_now().health.timeout;
+    let reports = futures::future::join_all(engines.iter().map(|w| {
+        let channels = &channels;
+        async move { (w, load::rows_now(&gw.client, channels, w, timeout).await) }
+    }))
+    .await;
+    let mut rows = Vec::new();
+    let mut unreachable = Vec::new();
+    for (w, report) in reports {
+        match report {
+            Ok(ranks) => {
+                for rank in ranks {
+                    let mut row = serde_json::Map::new();
+                    row.insert("worker".into(), json!(w.address.base_url));
+                    row.insert("worker_type".into(), json!(w.role().as_str()));
+                    row.extend(rank);
+                    rows.push(Value::Object(row));
+                }
+            }
+            Err(why) => unreachable.push(json!({"worker": w.address.base_url, "error": why})),
+        }
+    }
+    // A fold from +0.0: `sum` of no floats is -0.0, which would print as `-0.0`.
+    let sum = |key: &str| -> f64 {
+        rows.iter()
+            .filter_map(|r| r[key].as_f64())
+            .fold(0.0, |a, b| a + b)
+    };
+    let mean = |key: &str| -> f64 {
+        if rows.is_empty() {
+            0.0
+        } else {
+            sum(key) / rows.len() as f64
+        }
+    };
+    let aggregate = json!({
+        "total_running_reqs": sum("num_running_reqs") as u64,
+        "total_waiting_reqs": sum("num_waiting_reqs") as u64,
+        "total_reqs": sum("num_total_reqs") as u64,
+        "avg_token_usage": mean("token_usage"),
+        "avg_throughput": mean("gen_throughput"),
+        "avg_utilization": mean("utilization"),
+    });
+    let mut body = json!({
+        "timestamp": rfc3339_utc(std::time::SystemTime::now()),
+        "version": concat!("pdgate-", env!("CARGO_PKG_VERSION")),
+        "dp_rank_count": rows.len(),
+        "loads": rows,
+        "aggregate": aggregate,
+    });
+    if !unreachable.is_empty() {
+        body["unreachable"] = Value::Array(unreachable);
+    }
+    Reply::json(200, body.to_string())
+}
+
+/// `2026-12-04T11:05:04.340890097Z` (UTC, nanoseconds), as SMG's `timestamp`.
+fn rfc3339_utc(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
+}
+
 /// `POST /flush_cache`: every registered worker flushes its prefix cache at once (HTTP: the
 /// engine's `POST /flush_cache`; gRPC: its `FlushCache`). 200 when all did, 206 with the
 /// failures otherwise; SMG's body. A DP rank's worker shares its engine, so an engine is asked
@@ -239,7 +336,20 @@ fn flush_reply(
 
 #[cfg(test)]
 mod tests {
-    use super::percent_decoded;
+    use super::{percent_decoded, rfc3339_utc};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        let at = |secs: u64, nanos: u32| rfc3339_utc(UNIX_EPOCH + Duration::new(secs, nanos));
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000000000Z");
+        assert_eq!(at(951_782_400, 5), "2000-02-29T00:00:00.000000005Z");
+        assert_eq!(
+            at(1_796_382_304, 340_890_097),
+            "2026-12-04T11:05:04.340890097Z"
+        );
+        assert_eq!(at(4_107_542_399, 0), "2100-02-28T23:59:59.000000000Z");
+    }
 
     #[test]
     fn a_model_id_is_percent_decoded_where_it_can_be() {

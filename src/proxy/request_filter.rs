@@ -72,7 +72,8 @@ async fn serve(
                 | Endpoint::Models
                 | Endpoint::Model(_)
                 | Endpoint::ServerInfo
-                | Endpoint::ModelInfo,
+                | Endpoint::ModelInfo
+                | Endpoint::Loads,
             ) => false,
             (
                 Listener::Data,
@@ -201,6 +202,11 @@ async fn serve(
                 ("/get_server_info", ForwardHeaders::default())
             };
             let reply = Box::pin(admin::engines::proxy_info(gw, path, forwarded.as_slice())).await;
+            reply::send(session, ctx, reply).await?;
+            Ok(true)
+        }
+        Endpoint::Loads => {
+            let reply = Box::pin(admin::engines::loads(gw)).await;
             reply::send(session, ctx, reply).await?;
             Ok(true)
         }

@@ -28,6 +28,8 @@ pub enum Endpoint {
     ServerInfo,
     /// `GET /get_model_info`: the first prefill worker's answer, with the client's headers.
     ModelInfo,
+    /// `GET /get_loads`: every worker's load report, asked now.
+    Loads,
     /// `POST /flush_cache`: every worker flushes its cache (admin).
     FlushCache,
     /// `/workers` (list; register).
@@ -56,6 +58,7 @@ impl Endpoint {
             Endpoint::Model(_) => "/v1/models/{*id}",
             Endpoint::ServerInfo => "/get_server_info",
             Endpoint::ModelInfo => "/get_model_info",
+            Endpoint::Loads => "/get_loads",
             Endpoint::FlushCache => "/flush_cache",
             Endpoint::Liveness => "/liveness",
             Endpoint::Readiness => "/readiness",
@@ -112,6 +115,7 @@ pub fn resolve(method: &Method, path: &str) -> Result<Endpoint, RouteRefusal> {
         "/v1/models" => get_only(Endpoint::Models),
         "/get_server_info" => get_only(Endpoint::ServerInfo),
         "/get_model_info" => get_only(Endpoint::ModelInfo),
+        "/get_loads" => get_only(Endpoint::Loads),
         "/flush_cache" => post_only(Endpoint::FlushCache),
         "/liveness" => get_only(Endpoint::Liveness),
         "/readiness" => get_only(Endpoint::Readiness),

@@ -150,6 +150,89 @@ pub fn engine_load_from_ranks(rows: &[RankLoad]) -> Option<EngineLoad> {
     })
 }
 
+/// One engine's load now, as rows of SMG's `GET /get_loads` (one per DP rank, without the
+/// `worker` and `worker_type` the caller adds): an SGLang HTTP engine's own `/v1/loads` rows as
+/// it sent them, a gRPC servicer's `GetLoads` ranks, a vLLM HTTP engine's `/metrics` as one row.
+/// `Err`: why the engine gave no report.
+pub async fn rows_now(
+    client: &LegClient,
+    control: &ControlChannels,
+    w: &Worker,
+    timeout: Duration,
+) -> Result<Vec<serde_json::Map<String, Value>>, String> {
+    let row = |dp_rank: i64, running: u64, waiting: u64, usage: f64, uncached: u64, tps: f64| {
+        let v = serde_json::json!({
+            "dp_rank": dp_rank,
+            "num_running_reqs": running,
+            "num_waiting_reqs": waiting,
+            "num_waiting_uncached_tokens": uncached,
+            "num_total_reqs": running + waiting,
+            "token_usage": usage,
+            "gen_throughput": tps,
+        });
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!("a JSON object literal"),
+        }
+    };
+    if w.is_grpc() {
+        let ranks = control
+            .loads(w, timeout)
+            .await
+            .ok_or("GetLoads gave no report")?;
+        return Ok(ranks
+            .iter()
+            .map(|r| {
+                row(
+                    i64::from(r.dp_rank),
+                    r.running,
+                    r.waiting,
+                    r.token_usage,
+                    r.waiting_uncached_tokens,
+                    r.gen_throughput,
+                )
+            })
+            .collect());
+    }
+    let vllm = w.runtime() == RuntimeType::Vllm;
+    let path = if vllm {
+        "/metrics"
+    } else {
+        "/v1/loads?include=core,disagg,queues,memory"
+    };
+    let (ok, body) = intake::worker_get(client, w, path, timeout)
+        .await
+        .ok_or_else(|| format!("{path}: no answer"))?;
+    if !ok {
+        return Err(format!("{path}: not a success"));
+    }
+    if vllm {
+        let l = parse_vllm_metrics(&String::from_utf8_lossy(&body))
+            .ok_or("/metrics has no vllm:num_requests_waiting")?;
+        return Ok(vec![row(
+            0,
+            l.running_requests,
+            l.waiting_requests,
+            l.token_usage,
+            0,
+            0.0,
+        )]);
+    }
+    let v: Value = serde_json::from_slice(&body).map_err(|e| format!("{path}: {e}"))?;
+    if let Some(rows) = v["loads"].as_array() {
+        return Ok(rows.iter().filter_map(|r| r.as_object().cloned()).collect());
+    }
+    let l = parse_sglang_loads(&v).ok_or_else(|| format!("{path}: no load report"))?;
+    Ok(vec![row(
+        0,
+        l.running_requests,
+        l.waiting_requests,
+        l.token_usage,
+        l.waiting_uncached_tokens.unwrap_or(0),
+        l.gen_throughput.unwrap_or(0.0),
+    )])
+}
+
 /// The `smg_engine_pd_*` series a worker published last round, by its URL: (role, dp_rank).
 type PublishedPd = HashMap<String, Vec<(String, String)>>;
 

@@ -1,5 +1,6 @@
 //! The routes SMG's PD router answers from its workers rather than from a pair: `/v1/models`,
-//! `/get_server_info`, `/get_model_info` and `/flush_cache`, in SMG 1.13.0's shapes.
+//! `/get_server_info`, `/get_model_info`, `/flush_cache` and `/get_loads`, in SMG 1.13.0's
+//! shapes.
 
 use serde_json::{json, Value};
 
@@ -188,4 +189,80 @@ async fn with_no_workers_the_engine_routes_say_so() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["message"], "No workers available for cache flush");
     assert_eq!(r.json()["total_workers"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_loads_asks_every_engine_now() {
+    let fleet = SglangFleet::start(|_| {}).await;
+    let gw = gateway_for(&fleet, "").await;
+    let r = gw.get("/get_loads").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body = r.json();
+    let loads = body["loads"].as_array().expect("loads");
+    assert_eq!(body["dp_rank_count"], json!(loads.len()), "{body}");
+    let mut seen: Vec<(String, String)> = loads
+        .iter()
+        .map(|l| {
+            (
+                l["worker"].as_str().unwrap().to_string(),
+                l["worker_type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let mut want = vec![
+        (fleet.prefill.api_url(), "prefill".to_string()),
+        (fleet.decode.api_url(), "decode".to_string()),
+    ];
+    want.sort();
+    assert_eq!(seen, want, "{body}");
+    // Each row is the engine's own rank row, with the worker and its role added.
+    for l in loads {
+        let url = l["worker"].as_str().unwrap();
+        let direct = engine_get(&format!("{url}/v1/loads?include=core,disagg,queues,memory")).await;
+        let mut row = l.clone();
+        let row = row.as_object_mut().unwrap();
+        row.remove("worker");
+        row.remove("worker_type");
+        let own = &direct["loads"][0];
+        assert!(row["num_running_reqs"].is_u64(), "{body}");
+        assert_eq!(
+            row["max_total_num_tokens"], own["max_total_num_tokens"],
+            "{body}"
+        );
+        let keys = |m: &serde_json::Map<String, Value>| {
+            let mut k: Vec<String> = m.keys().cloned().collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(row), keys(own.as_object().unwrap()), "{body}");
+    }
+    for key in [
+        "total_running_reqs",
+        "total_waiting_reqs",
+        "total_reqs",
+        "avg_token_usage",
+        "avg_throughput",
+        "avg_utilization",
+    ] {
+        assert!(body["aggregate"][key].is_number(), "{key}: {body}");
+    }
+    assert!(body["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')));
+    assert!(body.get("unreachable").is_none(), "{body}");
+
+    // An engine that gives no report is named, not dropped silently.
+    fleet.decode.kill();
+    let body = gw.get("/get_loads").await.json();
+    assert_eq!(body["loads"].as_array().map(Vec::len), Some(1), "{body}");
+    assert_eq!(
+        body["unreachable"][0]["worker"],
+        json!(fleet.decode.api_url()),
+        "{body}"
+    );
+
+    // No workers: an empty report.
+    let gw = Gateway::start(&[], "").await;
+    let r = gw.get("/get_loads").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["loads"], json!([]));
 }

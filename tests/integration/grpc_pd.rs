@@ -1325,3 +1325,32 @@ async fn a_worker_that_comes_back_is_reconnected() {
         "the new decode served the request"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_loads_reads_each_servicer_s_get_loads() {
+    let p = grpc_engine(EngineKind::Sglang, Role::Prefill, [127, 0, 30, 31]).await;
+    let d = grpc_engine(EngineKind::Sglang, Role::Decode, [127, 0, 30, 32]).await;
+    let gw = gateway(&p, &d).await;
+    let r = gw.get("/get_loads").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body = r.json();
+    let mut rows: Vec<(String, i64)> = body["loads"]
+        .as_array()
+        .expect("loads")
+        .iter()
+        .map(|l| {
+            assert!(l["num_waiting_reqs"].is_u64(), "{body}");
+            (
+                l["worker_type"].as_str().unwrap().to_string(),
+                l["dp_rank"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        vec![("decode".to_string(), 0), ("prefill".to_string(), 0)],
+        "{body}"
+    );
+    assert_eq!(body["aggregate"]["avg_utilization"].to_string(), "0.0");
+}
