@@ -233,6 +233,7 @@ async fn open_all(
 ) -> Result<(), Attempt> {
     let pair = legs.pair;
     let total = samples.len();
+    let prefill_deadline = tokio::time::Instant::now() + legs.settings.prefill_head_timeout;
     let mut decodes = FuturesUnordered::new();
     let mut prefills = FuturesUnordered::new();
     let mut encodes = FuturesUnordered::new();
@@ -308,6 +309,23 @@ async fn open_all(
                 Some((worker, Ok(()))) => worker.record_leg(Some(200)),
                 None => {}
             },
+            // A prefill answers once its KV is sent: `prefill_head_timeout_secs` bounds it here
+            // as it bounds an HTTP prefill's head (a decode that never takes the KV leaves the
+            // prefill waiting out its own bootstrap timeout otherwise).
+            _ = tokio::time::sleep_until(prefill_deadline), if !prefills.is_empty() => {
+                pair.prefill.record_leg(None);
+                break Err(Attempt::Refused(
+                    Reply::error(
+                        ErrorCode::Timeout,
+                        format!(
+                            "the prefill worker did not answer within {:?} \
+                             (prefill_head_timeout_secs)",
+                            legs.settings.prefill_head_timeout
+                        ),
+                    )
+                    .retryable(true),
+                ));
+            }
             _ = tokio::time::sleep_until(deadline) => {
                 pair.decode.record_leg(None);
                 break Err(Attempt::Refused(
