@@ -268,6 +268,10 @@ async fn open_all(
     }
     let mut open = 0;
     let mut done = Vec::new();
+    // Made once, not at each turn of the loop (a timer registers in the wheel when first polled).
+    let prefill_timer = tokio::time::sleep_until(prefill_deadline);
+    let open_timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(prefill_timer, open_timer);
     let outcome = loop {
         if open == total {
             break Ok(());
@@ -312,7 +316,7 @@ async fn open_all(
             // A prefill answers once its KV is sent: `prefill_head_timeout_secs` bounds it here
             // as it bounds an HTTP prefill's head (a decode that never takes the KV leaves the
             // prefill waiting out its own bootstrap timeout otherwise).
-            _ = tokio::time::sleep_until(prefill_deadline), if !prefills.is_empty() => {
+            _ = &mut prefill_timer, if !prefills.is_empty() => {
                 pair.prefill.record_leg(None);
                 break Err(Attempt::Refused(
                     Reply::error(
@@ -326,7 +330,7 @@ async fn open_all(
                     .retryable(true),
                 ));
             }
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = &mut open_timer => {
                 pair.decode.record_leg(None);
                 break Err(Attempt::Refused(
                     Reply::error(ErrorCode::Timeout, "the decode worker produced nothing in time")
