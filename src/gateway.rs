@@ -115,8 +115,10 @@ impl Settings {
     }
 }
 
-/// Bounds the `model` metric label: the first [`MAX_MODEL_LABELS`] distinct names are used as
-/// they are, later ones become `"other"`, so clients cannot mint unbounded series.
+/// Bounds the `model` metric label: a name no registered worker serves is `"other"` (as SMG
+/// 1.13.0 labels an unknown model), so a client cannot mint series, nor fill the table with
+/// made-up names ahead of the fleet's real ones; past [`MAX_MODEL_LABELS`] distinct served
+/// names (a fleet of model-agnostic workers serves every name) later ones are `"other"` too.
 pub struct ModelLabels {
     seen: Mutex<Vec<Arc<str>>>,
 }
@@ -130,11 +132,20 @@ impl ModelLabels {
         }
     }
 
-    pub fn label(&self, model: Option<&str>) -> Arc<str> {
+    /// The label of `model`; `served` says whether a registered worker serves a name, and is
+    /// asked only for a name not labelled before (outside the lock).
+    pub fn label(&self, model: Option<&str>, served: impl FnOnce(&str) -> bool) -> Arc<str> {
         let m = model.unwrap_or(crate::metrics::UNKNOWN_MODEL);
+        let known = |seen: &[Arc<str>]| seen.iter().find(|s| &***s == m).cloned();
+        if let Some(s) = known(&self.seen.lock().unwrap_or_else(|e| e.into_inner())) {
+            return s;
+        }
+        if model.is_some() && !served(m) {
+            return Arc::from("other");
+        }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = seen.iter().find(|s| &***s == m) {
-            return s.clone();
+        if let Some(s) = known(&seen) {
+            return s;
         }
         if seen.len() >= MAX_MODEL_LABELS {
             return Arc::from("other");
@@ -291,5 +302,34 @@ impl Gateway {
         }
         self.settings.store(Arc::new(Settings::from_config(&cfg)));
         self.config.store(Arc::new(cfg));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ModelLabels, MAX_MODEL_LABELS};
+
+    #[test]
+    fn only_served_models_are_labelled_by_name() {
+        let labels = ModelLabels::new();
+        let served = |m: &str| m.starts_with("served");
+        assert_eq!(&*labels.label(Some("served-a"), served), "served-a");
+        assert_eq!(&*labels.label(Some("made-up"), served), "other");
+        assert_eq!(&*labels.label(None, |_| false), "unknown");
+        // A name labelled once keeps its label without asking again.
+        assert_eq!(
+            &*labels.label(Some("served-a"), |_| panic!("asked again")),
+            "served-a"
+        );
+        // Made-up names do not take the places of served ones.
+        for i in 0..2 * MAX_MODEL_LABELS {
+            assert_eq!(&*labels.label(Some(&format!("junk-{i}")), served), "other");
+        }
+        assert_eq!(&*labels.label(Some("served-b"), served), "served-b");
+        // Served names past the bound (model-agnostic workers serve any name) are "other".
+        for i in 0..MAX_MODEL_LABELS {
+            labels.label(Some(&format!("served-{i}")), served);
+        }
+        assert_eq!(&*labels.label(Some("served-late"), served), "other");
     }
 }

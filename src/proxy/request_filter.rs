@@ -363,7 +363,9 @@ fn pd_request(
     let facts = classify(route, &body, &top)
         .map_err(|e| Reply::error(ErrorCode::InvalidRequest, e.to_string()))?;
     ctx.streaming = facts.stream;
-    ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref()));
+    ctx.model_label = Some(gw.model_labels.label(facts.model.as_deref(), |m| {
+        gw.registry.snapshot().all.iter().any(|w| w.serves(Some(m)))
+    }));
     let (mut routing, canary) = routing_keys(session);
     routing.pinned = crate::workers::canary::pinned_link(canary, &gw.canary_secret);
     if gw.policies.load().needs_text() {
