@@ -268,10 +268,13 @@ async fn open_all(
     }
     let mut open = 0;
     let mut done = Vec::new();
-    // Made once, not at each turn of the loop (a timer registers in the wheel when first polled).
-    let prefill_timer = tokio::time::sleep_until(prefill_deadline);
-    let open_timer = tokio::time::sleep_until(deadline);
-    tokio::pin!(prefill_timer, open_timer);
+    // One timer, made once (a timer registers in the wheel when first polled): the prefills'
+    // bound while one is out, then the decodes'. A prefill answers once its KV is sent, so
+    // `prefill_head_timeout_secs` bounds it here as it bounds an HTTP prefill's head (a decode
+    // that never takes the KV leaves the prefill waiting out its own bootstrap timeout
+    // otherwise).
+    let timer = tokio::time::sleep_until(prefill_deadline.min(deadline));
+    tokio::pin!(timer);
     let outcome = loop {
         if open == total {
             break Ok(());
@@ -292,6 +295,9 @@ async fn open_all(
                     // for HTTP PD and gRPC vLLM only (spec, "PD Metrics").
                     pair.prefill.record_leg(Some(200));
                     done.push(i);
+                    if prefills.is_empty() && timer.deadline() < deadline {
+                        timer.as_mut().reset(deadline);
+                    }
                 }
                 Some(Err((status, opened))) => {
                     let reply = if opened {
@@ -313,24 +319,21 @@ async fn open_all(
                 Some((worker, Ok(()))) => worker.record_leg(Some(200)),
                 None => {}
             },
-            // A prefill answers once its KV is sent: `prefill_head_timeout_secs` bounds it here
-            // as it bounds an HTTP prefill's head (a decode that never takes the KV leaves the
-            // prefill waiting out its own bootstrap timeout otherwise).
-            _ = &mut prefill_timer, if !prefills.is_empty() => {
-                pair.prefill.record_leg(None);
-                break Err(Attempt::Refused(
-                    Reply::error(
-                        ErrorCode::Timeout,
-                        format!(
-                            "the prefill worker did not answer within {:?} \
-                             (prefill_head_timeout_secs)",
-                            legs.settings.prefill_head_timeout
-                        ),
-                    )
-                    .retryable(true),
-                ));
-            }
-            _ = &mut open_timer => {
+            _ = &mut timer => {
+                if !prefills.is_empty() && tokio::time::Instant::now() >= prefill_deadline {
+                    pair.prefill.record_leg(None);
+                    break Err(Attempt::Refused(
+                        Reply::error(
+                            ErrorCode::Timeout,
+                            format!(
+                                "the prefill worker did not answer within {:?} \
+                                 (prefill_head_timeout_secs)",
+                                legs.settings.prefill_head_timeout
+                            ),
+                        )
+                        .retryable(true),
+                    ));
+                }
                 pair.decode.record_leg(None);
                 break Err(Attempt::Refused(
                     Reply::error(ErrorCode::Timeout, "the decode worker produced nothing in time")
