@@ -7,7 +7,8 @@
 //!   and aborting it then can crash or leak on the engine side. So its call is moved into a
 //!   background task that waits for its first message or its end — at most
 //!   [`DEFERRED_ABORT_CAP`] — and only then aborts. After its first message the abort is
-//!   immediate, and so it is once the sample's prefill completed ([`GrpcLeg::kv_received`]).
+//!   immediate, and so it is once an SGLang sample's prefill completed
+//!   ([`GrpcLeg::kv_received`]).
 //!
 //! Python grpc.aio servicers send response headers only with the first message, so a call that
 //! has not "opened" has produced nothing: the deferral covers that window too.
@@ -158,8 +159,8 @@ impl GrpcLeg {
         self.opened
     }
 
-    /// This decode's KV is in: the prefill that feeds it completed (SGLang and TokenSpeed
-    /// prefills answer once the KV is sent), so an abort can no longer cut a transfer and is
+    /// This decode's KV is in: the prefill that feeds it completed (an SGLang prefill answers
+    /// once its KV is sent), so an abort can no longer cut a transfer and is
     /// sent at once. Without it a dropped decode that has produced nothing — a non-streamed
     /// one until its whole answer — kept generating for [`DEFERRED_ABORT_CAP`] after its client
     /// left.

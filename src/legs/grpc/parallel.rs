@@ -346,9 +346,15 @@ async fn open_all(
     drop(decodes);
     drop(prefills);
     drop(encodes);
+    // An SGLang prefill answers only once its KV is sent (its request finishes after the
+    // transfer succeeds): its decode can be aborted at once from here on. TokenSpeed's is not
+    // known to do the same, so its decodes keep the deferred abort.
+    let kv_with_answer = pair.prefill.runtime() == crate::config::RuntimeType::Sglang;
     for i in done {
         samples[i].prefill_done = true;
-        samples[i].decode.kv_received();
+        if kv_with_answer {
+            samples[i].decode.kv_received();
+        }
     }
     outcome
 }
