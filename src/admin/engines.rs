@@ -137,13 +137,10 @@ pub async fn proxy_info(
     }
 }
 
-/// `GET /get_loads`: every engine's load report, asked now (SMG's shape: one row per DP rank
-/// with its worker and role, and the aggregate over the rows). An engine that gives no report
-/// is left out of `loads` and named in `unreachable` with why (pdgate's addition).
-pub async fn loads(gw: &Gateway) -> Reply {
-    let snap = gw.registry.snapshot();
+/// The first registered worker of each engine (a DP rank's worker shares its engine's URL).
+fn one_per_engine(all: &[std::sync::Arc<Worker>]) -> Vec<&std::sync::Arc<Worker>> {
     let mut engines: Vec<&std::sync::Arc<Worker>> = Vec::new();
-    for w in snap.all.iter() {
+    for w in all {
         if !engines
             .iter()
             .any(|e| e.address.base_url == w.address.base_url)
@@ -151,6 +148,15 @@ pub async fn loads(gw: &Gateway) -> Reply {
             engines.push(w);
         }
     }
+    engines
+}
+
+/// `GET /get_loads`: every engine's load report, asked now (SMG's shape: one row per DP rank
+/// with its worker and role, and the aggregate over the rows). An engine that gives no report
+/// is left out of `loads` and named in `unreachable` with why (pdgate's addition).
+pub async fn loads(gw: &Gateway) -> Reply {
+    let snap = gw.registry.snapshot();
+    let engines = one_per_engine(&snap.all);
     let channels = ControlChannels::new();
     let timeout = gw.settings_now().health.timeout;
     let reports = futures::future::join_all(engines.iter().map(|w| {
@@ -180,11 +186,13 @@ pub async fn loads(gw: &Gateway) -> Reply {
             .filter_map(|r| r[key].as_f64())
             .fold(0.0, |a, b| a + b)
     };
+    // Over the rows that report the field (a vLLM or gRPC row has no `utilization`).
     let mean = |key: &str| -> f64 {
-        if rows.is_empty() {
+        let n = rows.iter().filter(|r| r[key].is_number()).count();
+        if n == 0 {
             0.0
         } else {
-            sum(key) / rows.len() as f64
+            sum(key) / n as f64
         }
     };
     let aggregate = json!({
@@ -238,15 +246,7 @@ fn rfc3339_utc(t: std::time::SystemTime) -> String {
 /// once.
 pub async fn flush_cache(gw: &Gateway) -> Reply {
     let snap = gw.registry.snapshot();
-    let mut engines: Vec<&std::sync::Arc<Worker>> = Vec::new();
-    for w in snap.all.iter() {
-        if !engines
-            .iter()
-            .any(|e| e.address.base_url == w.address.base_url)
-        {
-            engines.push(w);
-        }
-    }
+    let engines = one_per_engine(&snap.all);
     let http_workers = engines.iter().filter(|w| !w.is_grpc()).count();
     let grpc_workers = engines.len() - http_workers;
     if engines.is_empty() {

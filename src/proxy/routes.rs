@@ -70,13 +70,15 @@ impl Endpoint {
         }
     }
 
-    /// Routes that need the API key when one is configured (serving and worker API). The
-    /// model list and the engines' info are public, as SMG's.
+    /// Routes that need the API key when one is configured (serving and worker API, and
+    /// `/get_loads`, which asks every engine and names each worker). The model list and the
+    /// engines' info are public, as SMG's.
     pub fn needs_api_key(&self) -> bool {
         matches!(
             self,
             Endpoint::Pd(_)
                 | Endpoint::CountTokens
+                | Endpoint::Loads
                 | Endpoint::FlushCache
                 | Endpoint::Workers
                 | Endpoint::Worker(_)

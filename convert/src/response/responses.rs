@@ -12,8 +12,9 @@
 //! `response.output_text.done`, `response.content_part.done`, `response.output_item.done`,
 //! `response.completed` (the final response object), or `response.incomplete` when the output
 //! cap ended it (OpenAI's event, which SMG sends too; SGLang's own server sends
-//! `response.completed` either way, and clients switching on the event name misread that). A failure is `response.failed` with the
-//! response `status: "failed"` and `error: {code, message}`. Only choice 0 is written.
+//! `response.completed` either way, and clients switching on the event name misread that). A
+//! failure is `response.failed` with the response `status: "failed"` and `error: {code,
+//! message}`. Only choice 0 is written.
 
 use super::{ResponseSpec, ResponseWriter};
 use crate::event::{Delta, Finish, FinishReason, StreamFailure};

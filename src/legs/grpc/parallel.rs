@@ -8,8 +8,9 @@
 //!
 //! Fail-fast: the first leg the engine refuses answers the client at once
 //! (`prefill_worker_failed_to_start` / `decode_worker_failed_to_start`, the gRPC status mapped
-//! to HTTP) and every other leg is dropped — a prefill aborted at once, a decode after its first
-//! message or end (at most 30 s; see `leg`). A prefill that fails after it started dooms a decode
+//! to HTTP) and every other leg is dropped — a prefill aborted at once, a decode at once once
+//! its SGLang prefill answered, else after its first message or end (at most
+//! `leg::DEFERRED_ABORT_CAP`). A prefill that fails after it started dooms a decode
 //! still waiting for its KV: that fails the attempt too.
 
 use std::sync::Arc;
