@@ -289,6 +289,17 @@ pub fn leg_failed_to_start(leg: &str, status: &Status) -> Reply {
     .retryable(http >= 500 || http == 429)
 }
 
+/// The answer when a prefill did not answer within `prefill_head_timeout_secs` (both dispatch
+/// modes): 504 `timeout`, retried on a new pair; the worker's leg is recorded as failed.
+pub fn prefill_timed_out(prefill: &Worker, limit: Duration) -> Reply {
+    prefill.record_leg(None);
+    Reply::error(
+        ErrorCode::Timeout,
+        format!("the prefill worker did not answer within {limit:?} (prefill_head_timeout_secs)"),
+    )
+    .retryable(true)
+}
+
 /// A prefill stream that failed after it started (the decode cannot get its KV).
 pub fn stream_failed(status: &Status) -> Reply {
     Reply::error(

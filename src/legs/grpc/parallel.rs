@@ -28,7 +28,8 @@ use super::mm_inputs::MediaLeg;
 use super::prepare::Prepared;
 use super::relay::{FanIn, Source};
 use super::{
-    leg_failed_to_start, mint_room, relay_open_decode, spawn_prefill_drain, stream_failed, Legs,
+    leg_failed_to_start, mint_room, prefill_timed_out, relay_open_decode, spawn_prefill_drain,
+    stream_failed, Legs,
 };
 use crate::config::defaults;
 use crate::ledger::{Handoff, Kind};
@@ -322,18 +323,8 @@ async fn open_all(
             },
             _ = &mut timer => {
                 if !prefills.is_empty() && tokio::time::Instant::now() >= prefill_deadline {
-                    pair.prefill.record_leg(None);
-                    break Err(Attempt::Refused(
-                        Reply::error(
-                            ErrorCode::Timeout,
-                            format!(
-                                "the prefill worker did not answer within {:?} \
-                                 (prefill_head_timeout_secs)",
-                                legs.settings.prefill_head_timeout
-                            ),
-                        )
-                        .retryable(true),
-                    ));
+                    let limit = legs.settings.prefill_head_timeout;
+                    break Err(Attempt::Refused(prefill_timed_out(&pair.prefill, limit)));
                 }
                 pair.decode.record_leg(None);
                 break Err(Attempt::Refused(

@@ -20,7 +20,7 @@ use super::media::{reports_no_vision, Processing};
 use super::mm_inputs::MediaLeg;
 use super::prepare::Prepared;
 use super::relay::Source;
-use super::{leg_failed_to_start, relay_open_decode, stream_failed, Legs};
+use super::{leg_failed_to_start, prefill_timed_out, relay_open_decode, stream_failed, Legs};
 use crate::config::defaults;
 use crate::ledger::{Handoff, Kind};
 use crate::legs::dispatch::Attempt;
@@ -149,11 +149,7 @@ pub async fn attempt(
             m = prefill.next() => m,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
             _ = tokio::time::sleep_until(prefill_deadline) => {
-                pair.prefill.record_leg(None);
-                return Attempt::Refused(
-                    Reply::error(ErrorCode::Timeout, "the prefill worker did not finish in time")
-                        .retryable(true),
-                );
+                return Attempt::Refused(prefill_timed_out(&pair.prefill, s.prefill_head_timeout));
             }
         };
         match m {
