@@ -121,6 +121,8 @@ impl Settings {
 /// names (a fleet of model-agnostic workers serves every name) later ones are `"other"` too.
 pub struct ModelLabels {
     seen: Mutex<Vec<Arc<str>>>,
+    /// `"other"`, made once (a request naming an unserved model allocates nothing for it).
+    other: Arc<str>,
 }
 
 pub const MAX_MODEL_LABELS: usize = 64;
@@ -129,6 +131,7 @@ impl ModelLabels {
     pub fn new() -> Self {
         ModelLabels {
             seen: Mutex::new(Vec::new()),
+            other: Arc::from("other"),
         }
     }
 
@@ -141,14 +144,14 @@ impl ModelLabels {
             return s;
         }
         if model.is_some() && !served(m) {
-            return Arc::from("other");
+            return self.other.clone();
         }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = known(&seen) {
             return s;
         }
         if seen.len() >= MAX_MODEL_LABELS {
-            return Arc::from("other");
+            return self.other.clone();
         }
         let s: Arc<str> = Arc::from(m);
         seen.push(s.clone());
