@@ -38,6 +38,7 @@ source "$ROOT/bench/lib.sh"
 
 command -v valgrind >/dev/null || die "valgrind not installed (apt-get install valgrind)"
 build_binaries
+pgo_build
 mkdir -p "$OUT/logs"
 http=http://127.0.0.1
 extra=
@@ -73,7 +74,7 @@ start_floor() {
     die "$1 did not answer (see $OUT/logs/instructions-$1-$s.log)"
 }
 
-builds=("pdgate=$BIN/pdgate" $PDGATE_ALT)
+builds=("pdgate=$PDGATE_EXE" $PDGATE_ALT)
 for f in $FLOORS; do
   [[ $f == floor || $f == pingora-floor ]] || die "FLOORS names floor and pingora-floor, not $f"
   [[ $TRANSPORT == http ]] || die "the floors are HTTP/1.1 gateways: FLOORS needs TRANSPORT=http"
@@ -117,7 +118,7 @@ commit="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet ||
 {
   echo "# User-space instructions per request (bench/instructions.sh)"
   echo
-  echo "$(date -u +%FT%TZ) — commit $commit; builds: pdgate=$BIN/pdgate $PDGATE_ALT${FLOORS:+; floors: $FLOORS};" \
+  echo "$(date -u +%FT%TZ) — commit $commit; builds: pdgate=$PDGATE_EXE $PDGATE_ALT${FLOORS:+; floors: $FLOORS};" \
     "c=$CONCURRENCY, 1 KB chat, $TRANSPORT, canned engines, ${DURATION} s under callgrind per point."
   echo
   python3 "$ROOT/bench/instructions.py" "${rows[@]}"

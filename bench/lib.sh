@@ -45,9 +45,25 @@ build_binaries() {
   done
 }
 
+# The pdgate binary the scripts measure: $BIN/pdgate, or with PGO=1 the profile-guided build of
+# bench/pgo.sh (made first unless SKIP_BUILD=1 finds one already there).
+PDGATE_EXE=$BIN/pdgate
+if [[ ${PGO:-0} == 1 ]]; then
+  PDGATE_EXE=$CARGO_TARGET_DIR/pgo/$(rustc -vV | sed -n 's/^host: //p')/release/pdgate
+fi
+
+# pgo_build: bench/pgo.sh when PGO=1 asks for its build and it is missing or SKIP_BUILD is not 1.
+pgo_build() {
+  [[ ${PGO:-0} == 1 ]] || return 0
+  if [[ ${SKIP_BUILD:-0} != 1 || ! -x $PDGATE_EXE ]]; then
+    SKIP_BUILD=1 "$ROOT/bench/pgo.sh" || die "bench/pgo.sh failed"
+  fi
+  [[ -x $PDGATE_EXE ]] || die "$PDGATE_EXE missing after bench/pgo.sh"
+}
+
 # start_pdgate NAME PORT PREFILL_POLICY WORKERS_YAML [EXTRA_YAML]: writes $OUT/logs/NAME.yaml
 # (metrics on PORT+1, round_robin decode leg unless EXTRA_YAML — more `gateway:` lines, indented
-# two spaces — sets `decode_policy`) and runs pdgate (GW_EXE, default $BIN/pdgate) on it until
+# two spaces — sets `decode_policy`) and runs pdgate (GW_EXE, default $PDGATE_EXE) on it until
 # ready; sets GW_PID.
 start_pdgate() {
   local name=$1 port=$2 prefill_policy=$3 workers=$4 extra=${5:-}
@@ -72,7 +88,7 @@ $extra
   workers:
 $workers
 EOF
-  "${GW_EXE:-$BIN/pdgate}" run -c "$OUT/logs/$name.yaml" >"$OUT/logs/$name.log" 2>&1 &
+  "${GW_EXE:-$PDGATE_EXE}" run -c "$OUT/logs/$name.yaml" >"$OUT/logs/$name.log" 2>&1 &
   GW_PID=$!
   PIDS+=("$GW_PID")
   wait_http "http://127.0.0.1:$port/readiness" || die "pdgate $name not ready (see $OUT/logs/$name.log)"

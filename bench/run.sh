@@ -51,7 +51,9 @@
 # (`$PEER_NAME-grpc`, the tables' peer). The gateway tokenizes with a small model directory that
 # `pdgate-bench write-model` writes to MODEL_DIR, and the mocks emit that model's word pieces.
 #
-# Knobs (environment): QUICK, SKIP_BUILD=1, ENGINES, NO_PEER, SMG_VENV, STREAM_CHUNKS (canned-fast
+# Knobs (environment): QUICK, SKIP_BUILD=1, PGO=1 (measure bench/pgo.sh's profile-guided build as
+# `pdgate`, made first unless SKIP_BUILD=1 finds it; PDGATE_ALT="plain=target/release/pdgate" runs the
+# plain one beside it), ENGINES, NO_PEER, SMG_VENV, STREAM_CHUNKS (canned-fast
 # engines' tokens per answer, default MAX_TOKENS), BIN_DIR (prebuilt binaries), CARGO_TARGET_DIR,
 # OUT (results dir), PORT_BASE (default 24000), DURATION / WARMUP (seconds per point),
 # CONCURRENCY, PROMPTS, STREAM ("off,on"), MODES ("canned modeled"), ROUNDS (default 1: each
@@ -201,6 +203,7 @@ start_peer() {
 
 # ---- build -----------------------------------------------------------------------------------
 build_binaries
+pgo_build
 mkdir -p "$OUT/logs"
 smg_peer
 PEER_NAME=${PEER_NAME:-peer}
@@ -228,6 +231,7 @@ esac
   echo "settings: QUICK=$QUICK DURATION=$DURATION WARMUP=$WARMUP CONCURRENCY=$CONCURRENCY PROMPTS=$PROMPTS MODES='$MODES' MAX_TOKENS=$MAX_TOKENS LOADGEN_THREADS=$LOADGEN_THREADS"
   echo "peer: ${PEER_CMD:+$PEER_NAME: $PEER_CMD}"
   echo "gRPC peer: ${PEER_GRPC_CMD:+$PEER_GRPC_NAME: $PEER_GRPC_CMD}"
+  echo "pdgate: $PDGATE_EXE$([[ ${PGO:-0} == 1 ]] && echo ' (profile-guided, bench/pgo.sh)')"
   [[ -z $PDGATE_ALT ]] || echo "other pdgate builds: $PDGATE_ALT"
   [[ -z $PDGATE_ALT_YAML ]] || echo "their extra gateway keys: $(echo "$PDGATE_ALT_YAML" | xargs)"
   echo "STREAM=$STREAM ROUNDS=$ROUNDS MODEL_DIR=$MODEL_DIR ENGINES=$ENGINES STREAM_CHUNKS=$STREAM_CHUNKS"
