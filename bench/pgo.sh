@@ -112,7 +112,9 @@ stop_all
 
 shopt -s nullglob
 raw=("$PGO_DATA"/*.profraw)
-((${#raw[@]})) || die "the instrumented gateway wrote no profile in $PGO_DATA"
+# One profile per fleet: a gateway that did not exit cleanly wrote none, and its fleet's paths
+# would be laid out as cold code.
+((${#raw[@]} == 3)) || die "want 3 profiles in $PGO_DATA (one per fleet), found ${#raw[@]}"
 "$PROFDATA" merge -o "$PGO_DATA/pdgate.profdata" "${raw[@]}"
 log "merged ${#raw[@]} profiles"
 
