@@ -52,23 +52,23 @@
 # `pdgate-bench write-model` writes to MODEL_DIR, and the mocks emit that model's word pieces.
 #
 # Knobs (environment): QUICK, SKIP_BUILD=1, PGO=1 (measure bench/pgo.sh's profile-guided build as
-# `pdgate`, made first unless SKIP_BUILD=1 finds it; PDGATE_ALT="plain=target/release/pdgate" runs the
-# plain one beside it), ENGINES, NO_PEER, SMG_VENV, STREAM_CHUNKS (canned-fast
-# engines' tokens per answer, default MAX_TOKENS), BIN_DIR (prebuilt binaries), CARGO_TARGET_DIR,
-# OUT (results dir), PORT_BASE (default 24000), DURATION / WARMUP (seconds per point),
-# CONCURRENCY, PROMPTS, STREAM ("off,on"), MODES ("canned modeled"), ROUNDS (default 1: each
-# mode's sweep runs this many times, labelled MODE/rN, gateways in reverse order every other
-# round; sweep-MODE-pivot.md gives the medians), STREAMS (open-stream run, default 10000; 0
-# skips), HOLD_SECS, LOADGEN_THREADS, MAX_TOKENS, MODELED_TTFT_MS / MODELED_ITL_MS, HOLD_ITL_MS,
-# PDGATE_ALT ("NAME=PATH …": other pdgate binaries, each run with the same generated config on
-# the same HTTP engines as target NAME, right after pdgate; the first is the HTTP tables' peer
-# when there is no PEER_CMD), PDGATE_ALT_YAML (more `gateway:` lines, indented two spaces, for
-# PDGATE_ALT's gateways only; `{otlp_grpc}` / `{otlp_http}` in it start a mock OTLP collector,
-# `mock-collector`, and name its gRPC / HTTP endpoint), PEER_GRPC_CMD / PEER_GRPC_NAME, MODEL_DIR
-# (default $OUT/model), GRPC_YAML (more `gateway:` lines, indented two spaces, for the gRPC
-# pdgate only, e.g. '  tokenizer_cache_enable_l0: true'), UNIQUE_PROMPTS=1 (every request's
-# prompt differs: its first word carries the connection and request number, so no tokenizer
-# or prefix cache can serve a repeat).
+# `pdgate`, made first unless SKIP_BUILD=1 finds it; PDGATE_ALT="plain=target/release/pdgate" runs
+# the plain one beside it), FLOOR_EXE (the floors' pdgate-bench binary, default $BIN's), ENGINES,
+# NO_PEER, SMG_VENV, STREAM_CHUNKS (canned-fast engines' tokens per answer, default MAX_TOKENS),
+# BIN_DIR (prebuilt binaries), CARGO_TARGET_DIR, OUT (results dir), PORT_BASE (default 24000),
+# DURATION / WARMUP (seconds per point), CONCURRENCY, PROMPTS, STREAM ("off,on"), MODES ("canned
+# modeled"), ROUNDS (default 1: each mode's sweep runs this many times, labelled MODE/rN, gateways
+# in reverse order every other round; sweep-MODE-pivot.md gives the medians), STREAMS (open-stream
+# run, default 10000; 0 skips), HOLD_SECS, LOADGEN_THREADS, MAX_TOKENS, MODELED_TTFT_MS /
+# MODELED_ITL_MS, HOLD_ITL_MS, PDGATE_ALT ("NAME=PATH …": other pdgate binaries, each run with the
+# same generated config on the same HTTP engines as target NAME, right after pdgate; the first is
+# the HTTP tables' peer when there is no PEER_CMD), PDGATE_ALT_YAML (more `gateway:` lines, indented
+# two spaces, for PDGATE_ALT's gateways only; `{otlp_grpc}` / `{otlp_http}` in it start a mock OTLP
+# collector, `mock-collector`, and name its gRPC / HTTP endpoint), PEER_GRPC_CMD / PEER_GRPC_NAME,
+# MODEL_DIR (default $OUT/model), GRPC_YAML (more `gateway:` lines, indented two spaces, for the
+# gRPC pdgate only, e.g. '  tokenizer_cache_enable_l0: true'), UNIQUE_PROMPTS=1 (every request's
+# prompt differs: its first word carries the connection and request number, so no tokenizer or
+# prefix cache can serve a repeat).
 #
 # Engines: three identical SGLang engines per mode (canned-fast or mock `both`: they serve a PD
 # leg body as a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
@@ -149,11 +149,11 @@ smg_peer() {
 # start_floor NAME PORT PREFILL_PORT BOOTSTRAP DECODE_PORT: `pdgate-bench floor-proxy`, the least a
 # PD gateway can do per request (bench/src/floor.rs), on the gateways' engines; sets FLOOR_PID.
 # With a sixth argument (`--pingora`), the same floor inside Pingora's ProxyHttp
-# (bench/src/floor_pingora.rs).
+# (bench/src/floor_pingora.rs). FLOOR_EXE (default $BIN/pdgate-bench) is the binary that runs them.
 start_floor() {
   local name=$1 port=$2
   port_free "$port" || die "port $port is busy (set PORT_BASE)"
-  "$BIN/pdgate-bench" floor-proxy --listen "127.0.0.1:$port" --prefill "127.0.0.1:$3" \
+  "${FLOOR_EXE:-$BIN/pdgate-bench}" floor-proxy --listen "127.0.0.1:$port" --prefill "127.0.0.1:$3" \
     --bootstrap-port "$4" --decode "127.0.0.1:$5" --threads 2 ${6:-} >"$OUT/logs/$name.log" 2>&1 &
   FLOOR_PID=$!
   PIDS+=("$FLOOR_PID")
