@@ -39,6 +39,13 @@ impl Engine {
     fn cumulative_counts(self) -> bool {
         self != Engine::Vllm
     }
+
+    /// Whether this engine's prefill request finishes only after its KV was sent (SGLang's
+    /// finishes once the transfer succeeded). Then a decode whose prefill answered has no
+    /// transfer left to cut. TokenSpeed's is not known to; vLLM's legs are sequential.
+    pub fn prefill_ends_after_kv_sent(self) -> bool {
+        self == Engine::Sglang
+    }
 }
 
 /// A `GenerateRequest` for one engine: its message without the prompt field, and that field

@@ -7,8 +7,8 @@
 //!   and aborting it then can crash or leak on the engine side. So its call is moved into a
 //!   background task that waits for its first message or its end — at most
 //!   [`DEFERRED_ABORT_CAP`] — and only then aborts. After its first message the abort is
-//!   immediate, and so it is once an SGLang sample's prefill completed
-//!   ([`GrpcLeg::kv_received`]).
+//!   immediate, and so it is once the sample's prefill completed on an engine whose prefill
+//!   ends only after its KV was sent ([`GrpcLeg::prefill_completed`]).
 //!
 //! Python grpc.aio servicers send response headers only with the first message, so a call that
 //! has not "opened" has produced nothing: the deferral covers that window too.
@@ -159,13 +159,16 @@ impl GrpcLeg {
         self.opened
     }
 
-    /// This decode's KV is in: the prefill that feeds it completed (an SGLang prefill answers
-    /// once its KV is sent), so an abort can no longer cut a transfer and is
-    /// sent at once. Without it a dropped decode that has produced nothing — a non-streamed
-    /// one until its whole answer — kept generating for [`DEFERRED_ABORT_CAP`] after its client
-    /// left.
-    pub fn kv_received(&mut self) {
-        self.defer_abort = false;
+    /// The prefill that feeds this decode completed. On an engine whose prefill ends only after
+    /// its KV was sent ([`Engine::prefill_ends_after_kv_sent`]; a pair's legs share one engine)
+    /// the KV is in, so an abort can no longer cut a transfer and is sent at once. Without it a
+    /// dropped decode that has produced nothing — a non-streamed one until its whole answer —
+    /// kept generating for [`DEFERRED_ABORT_CAP`] after its client left. Other engines keep
+    /// the deferral.
+    pub fn prefill_completed(&mut self) {
+        if self.engine.prefill_ends_after_kv_sent() {
+            self.defer_abort = false;
+        }
     }
 
     /// The leg ended normally: dropping it sends no abort, and its stream is read to its end.

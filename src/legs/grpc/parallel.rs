@@ -9,8 +9,8 @@
 //! Fail-fast: the first leg the engine refuses answers the client at once
 //! (`prefill_worker_failed_to_start` / `decode_worker_failed_to_start`, the gRPC status mapped
 //! to HTTP) and every other leg is dropped — a prefill aborted at once, a decode at once once
-//! its SGLang prefill answered, else after its first message or end (at most
-//! `leg::DEFERRED_ABORT_CAP`). A prefill that fails after it started dooms a decode
+//! its SGLang prefill answered (`GrpcLeg::prefill_completed`), else after its first message or
+//! end (at most `leg::DEFERRED_ABORT_CAP`). A prefill that fails after it started dooms a decode
 //! still waiting for its KV: that fails the attempt too.
 
 use std::sync::Arc;
@@ -338,15 +338,9 @@ async fn open_all(
     drop(decodes);
     drop(prefills);
     drop(encodes);
-    // An SGLang prefill answers only once its KV is sent (its request finishes after the
-    // transfer succeeds): its decode can be aborted at once from here on. TokenSpeed's is not
-    // known to do the same, so its decodes keep the deferred abort.
-    let kv_with_answer = pair.prefill.runtime() == crate::config::RuntimeType::Sglang;
     for i in done {
         samples[i].prefill_done = true;
-        if kv_with_answer {
-            samples[i].decode.kv_received();
-        }
+        samples[i].decode.prefill_completed();
     }
     outcome
 }
