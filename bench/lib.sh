@@ -45,12 +45,16 @@ build_binaries() {
   done
 }
 
+# host_triple: rustc's host target (bench/pgo.sh builds for it alone).
+host_triple() { rustc -vV | sed -n 's/^host: //p'; }
+
+# pgo_exe: where bench/pgo.sh puts its profile-guided pdgate.
+pgo_exe() { echo "$CARGO_TARGET_DIR/pgo/$(host_triple)/release/pdgate"; }
+
 # The pdgate binary the scripts measure: $BIN/pdgate, or with PGO=1 the profile-guided build of
 # bench/pgo.sh (made first unless SKIP_BUILD=1 finds one already there).
 PDGATE_EXE=$BIN/pdgate
-if [[ ${PGO:-0} == 1 ]]; then
-  PDGATE_EXE=$CARGO_TARGET_DIR/pgo/$(rustc -vV | sed -n 's/^host: //p')/release/pdgate
-fi
+[[ ${PGO:-0} != 1 ]] || PDGATE_EXE=$(pgo_exe)
 
 # pgo_build: bench/pgo.sh when PGO=1 asks for its build and it is missing or SKIP_BUILD is not 1.
 pgo_build() {
@@ -122,9 +126,25 @@ start_canned_pair() {
   workers="$(worker_yaml "http://127.0.0.1:$((PORT_BASE + 2))" prefill $((PORT_BASE + 4)); worker_yaml "http://127.0.0.1:$((PORT_BASE + 3))" decode)"
 }
 
-# worker_yaml URL TYPE [BOOTSTRAP_PORT]: one `workers:` entry.
+# worker_yaml URL TYPE [BOOTSTRAP_PORT [MORE]]: one `workers:` entry; MORE is more of its fields
+# (`key: value, …`).
 worker_yaml() {
-  printf '    - {url: %s, worker_type: %s%s}\n' "$1" "$2" "${3:+, bootstrap_port: $3}"
+  printf '    - {url: %s, worker_type: %s%s%s}\n' "$1" "$2" "${3:+, bootstrap_port: $3}" "${4:+, $4}"
+}
+
+# start_vllm_pair TAG: start_canned_pair's vLLM counterpart: two mock-engine vLLM engines with
+# NIXL answering at once, prefill on PORT_BASE+2 and decode on PORT_BASE+3; sets `workers`.
+start_vllm_pair() {
+  local i role
+  workers=
+  for i in 2 3; do
+    role=prefill
+    [[ $i == 2 ]] || role=decode
+    run_mock "$1-engine-$i" "http://127.0.0.1:$((PORT_BASE + i))/health" --engine vllm \
+      --role "$role" --host 127.0.0.1 --port $((PORT_BASE + i)) --ttft-ms 0 --itl-ms 0
+    workers+=$(worker_yaml "http://127.0.0.1:$((PORT_BASE + i))" "$role" "" \
+      "runtime_type: vllm, kv_connector: NixlConnector")$'\n'
+  done
 }
 
 # start_pd_pdgate NAME PORT PREFILL_URL BOOTSTRAP DECODE_URL [EXTRA_YAML]: pdgate on one prefill +

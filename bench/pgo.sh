@@ -27,11 +27,11 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BIN_DIR:-$CARGO_TARGET_DIR/release}
 SECONDS_EACH=${SECONDS_EACH:-3}
 PGO_DATA=${PGO_DATA:-$CARGO_TARGET_DIR/pgo-data}
-TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
 
 LOG_TAG=pgo
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
+TRIPLE=$(host_triple)
 
 profdata() {
   local tools
@@ -60,9 +60,12 @@ build "$CARGO_TARGET_DIR/pgo-gen" "-Cprofile-generate=$PGO_DATA"
 GW_EXE=$CARGO_TARGET_DIR/pgo-gen/$TRIPLE/release/pdgate
 export LLVM_PROFILE_FILE=$PGO_DATA/pdgate-%p-%m.profraw
 
-# train NAME: the gateway (already started on $port) under small chats, each point SECONDS_EACH.
+# train NAME: the gateway (already started on $port) under small chats, each point SECONDS_EACH;
+# then it is stopped as an operator does (SIGINT: it drains and exits, writing its profile), and
+# the engines with it.
 train() {
   local c s
+  log "training on $1"
   for s in off on; do
     for c in 1 16; do
       "$BIN/pdgate-bench" --threads 1 sweep --target "$1=http://127.0.0.1:$port" \
@@ -71,44 +74,25 @@ train() {
         die "the training load on $1 failed"
     done
   done
-}
-
-# stop: ends the gateway as an operator does (SIGINT: it drains and exits, writing its profile).
-stop() {
   kill -INT "$GW_PID"
   wait "$GW_PID" 2>/dev/null || true
+  stop_all
 }
 
 port=$((PORT_BASE + 10))
 start_canned_pair pgo-http
 start_pdgate pgo-http "$port" round_robin "$workers"
-log "training on HTTP"
 train http
-stop
-stop_all
 
 port=$((PORT_BASE + 12))
-for role in prefill decode; do
-  i=$([[ $role == prefill ]] && echo 2 || echo 3)
-  run_mock "pgo-vllm-$role" "http://127.0.0.1:$((PORT_BASE + i))/health" --engine vllm \
-    --role "$role" --host 127.0.0.1 --port $((PORT_BASE + i)) --ttft-ms 0 --itl-ms 0
-done
-start_pdgate pgo-vllm "$port" round_robin "$(for i in 2 3; do
-  printf '    - {url: http://127.0.0.1:%s, worker_type: %s, runtime_type: vllm, kv_connector: NixlConnector}\n' \
-    $((PORT_BASE + i)) "$([[ $i == 2 ]] && echo prefill || echo decode)"
-done)"
-log "training on vLLM (NIXL)"
+start_vllm_pair pgo-vllm
+start_pdgate pgo-vllm "$port" round_robin "$workers"
 train vllm
-stop
-stop_all
 
 port=$((PORT_BASE + 14))
 start_grpc_pair pgo-grpc
 start_pdgate pgo-grpc "$port" round_robin "$workers" "$model_yaml"
-log "training on gRPC"
 train grpc
-stop
-stop_all
 
 shopt -s nullglob
 raw=("$PGO_DATA"/*.profraw)
@@ -121,4 +105,4 @@ log "merged ${#raw[@]} profiles"
 log "optimized build (target/pgo)"
 unset LLVM_PROFILE_FILE
 build "$CARGO_TARGET_DIR/pgo" "-Cprofile-use=$PGO_DATA/pdgate.profdata"
-log "built $CARGO_TARGET_DIR/pgo/$TRIPLE/release/pdgate"
+log "built $(pgo_exe)"
