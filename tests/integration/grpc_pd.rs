@@ -1405,3 +1405,41 @@ async fn a_silent_prefill_is_given_up_at_prefill_head_timeout() {
         d.rooms()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_vllm_prefill_is_given_up_at_prefill_head_timeout() {
+    use mock_engine::Fault;
+    // vLLM's legs are sequential: the decode is not sent until the prefill answers, so the
+    // bound is the only thing that ends a prefill that never does.
+    let p = grpc_engine(EngineKind::Vllm, Role::Prefill, [127, 0, 30, 35]).await;
+    let d = grpc_engine(EngineKind::Vllm, Role::Decode, [127, 0, 30, 36]).await;
+    let extra = format!(
+        "  model_path: {}\n  retry_max_retries: 0\n  prefill_head_timeout_secs: 1\n",
+        model_dir().display()
+    );
+    let mut gw = Gateway::start(&[spec(&p), spec(&d)], &extra).await;
+    gw.wait_ready().await;
+    p.inject(Fault::Hang {
+        count: None,
+        matcher: Default::default(),
+    })
+    .await;
+    for stream in [false, true] {
+        let r = gw.post("/v1/chat/completions", &chat(4, stream)).await;
+        assert_eq!(r.status, 504, "stream {stream}: {}", r.text());
+        assert_eq!(error_code(&r), "timeout", "{}", r.text());
+        assert!(
+            r.text().contains("prefill_head_timeout_secs"),
+            "{}",
+            r.text()
+        );
+    }
+    // Each given-up prefill was aborted; the decode was never asked.
+    assert!(
+        p.wait_for(Duration::from_secs(5), |e| e.aborts().len() >= 2)
+            .await,
+        "{:?}",
+        p.aborts()
+    );
+    assert!(d.aborts().is_empty(), "{:?}", d.aborts());
+}

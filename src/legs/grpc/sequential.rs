@@ -141,14 +141,17 @@ pub async fn attempt(
             LegFacts::default(),
         ),
     );
-    let prefill_deadline = tokio::time::Instant::now() + s.prefill_head_timeout;
+    // One timer for the whole prefill stream, made once (a timer registers in the wheel when
+    // first polled), not one per message.
+    let prefill_timer = tokio::time::sleep(s.prefill_head_timeout);
+    tokio::pin!(prefill_timer);
     let mut returned: Option<String> = None;
     let mut identity = None;
     loop {
         let m = tokio::select! {
             m = prefill.next() => m,
             _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
-            _ = tokio::time::sleep_until(prefill_deadline) => {
+            _ = &mut prefill_timer => {
                 return Attempt::Refused(prefill_timed_out(&pair.prefill, s.prefill_head_timeout));
             }
         };
