@@ -1355,27 +1355,19 @@ async fn get_loads_reads_each_servicer_s_get_loads() {
     assert_eq!(body["aggregate"]["avg_utilization"].to_string(), "0.0");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_prefill_is_given_up_at_prefill_head_timeout() {
+/// A gateway on `p` and `d` with `prefill_head_timeout_secs: 1`, whose prefill takes every call
+/// and never answers (a wedged engine, or one waiting for a decode that never takes its KV):
+/// a request, streamed or not, is answered 504 `timeout` naming the bound, and each given-up
+/// prefill is aborted. The gateway is returned so the caller can check the decode before it
+/// stops.
+async fn a_silent_prefill_times_out(p: &MockEngine, d: &MockEngine) -> Gateway {
     use mock_engine::Fault;
-    // The decode gives up on its KV after 6 s (so without the bound the answer would be its
-    // 500, not the gateway's 504 at 1 s).
-    let spawn = |role, ip, wait| {
-        let mut c = MockEngineConfig::grpc_test(EngineKind::Sglang, role, ip).with_vocab(vocab());
-        c.bootstrap_timeout = Duration::from_secs(wait);
-        MockEngine::spawn(c)
-    };
-    let p = spawn(Role::Prefill, [127, 0, 30, 33], 60).await.unwrap();
-    let d = spawn(Role::Decode, [127, 0, 30, 34], 6).await.unwrap();
     let extra = format!(
         "  model_path: {}\n  retry_max_retries: 0\n  prefill_head_timeout_secs: 1\n",
         model_dir().display()
     );
-    let mut gw = Gateway::start(&[spec(&p), spec(&d)], &extra).await;
+    let mut gw = Gateway::start(&[spec(p), spec(d)], &extra).await;
     gw.wait_ready().await;
-    // The prefill takes the call and never answers (a wedged engine, or one waiting for a
-    // decode that never takes its KV): without the bound the request waited for the engine's
-    // own bootstrap timeout, or request_timeout_secs.
     p.inject(Fault::Hang {
         count: None,
         matcher: Default::default(),
@@ -1391,14 +1383,29 @@ async fn a_silent_prefill_is_given_up_at_prefill_head_timeout() {
             r.text()
         );
     }
-    // Both legs were let go of: the prefill aborted, the decode (which never got its KV)
-    // ended.
     assert!(
         p.wait_for(Duration::from_secs(5), |e| e.aborts().len() >= 2)
             .await,
         "{:?}",
         p.aborts()
     );
+    gw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_prefill_is_given_up_at_prefill_head_timeout() {
+    // The decode gives up on its KV after 6 s (so without the bound the answer would be its
+    // 500, not the gateway's 504 at 1 s; without the bound the request waited for the
+    // engine's own bootstrap timeout, or request_timeout_secs).
+    let spawn = |role, ip, wait| {
+        let mut c = MockEngineConfig::grpc_test(EngineKind::Sglang, role, ip).with_vocab(vocab());
+        c.bootstrap_timeout = Duration::from_secs(wait);
+        MockEngine::spawn(c)
+    };
+    let p = spawn(Role::Prefill, [127, 0, 30, 33], 60).await.unwrap();
+    let d = spawn(Role::Decode, [127, 0, 30, 34], 6).await.unwrap();
+    let _gw = a_silent_prefill_times_out(&p, &d).await;
+    // The decode, which never got its KV, ended too.
     assert!(
         d.wait_idle(Duration::from_secs(35)).await,
         "{:?}",
@@ -1408,38 +1415,11 @@ async fn a_silent_prefill_is_given_up_at_prefill_head_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_vllm_prefill_is_given_up_at_prefill_head_timeout() {
-    use mock_engine::Fault;
     // vLLM's legs are sequential: the decode is not sent until the prefill answers, so the
     // bound is the only thing that ends a prefill that never does.
     let p = grpc_engine(EngineKind::Vllm, Role::Prefill, [127, 0, 30, 35]).await;
     let d = grpc_engine(EngineKind::Vllm, Role::Decode, [127, 0, 30, 36]).await;
-    let extra = format!(
-        "  model_path: {}\n  retry_max_retries: 0\n  prefill_head_timeout_secs: 1\n",
-        model_dir().display()
-    );
-    let mut gw = Gateway::start(&[spec(&p), spec(&d)], &extra).await;
-    gw.wait_ready().await;
-    p.inject(Fault::Hang {
-        count: None,
-        matcher: Default::default(),
-    })
-    .await;
-    for stream in [false, true] {
-        let r = gw.post("/v1/chat/completions", &chat(4, stream)).await;
-        assert_eq!(r.status, 504, "stream {stream}: {}", r.text());
-        assert_eq!(error_code(&r), "timeout", "{}", r.text());
-        assert!(
-            r.text().contains("prefill_head_timeout_secs"),
-            "{}",
-            r.text()
-        );
-    }
-    // Each given-up prefill was aborted; the decode was never asked.
-    assert!(
-        p.wait_for(Duration::from_secs(5), |e| e.aborts().len() >= 2)
-            .await,
-        "{:?}",
-        p.aborts()
-    );
+    let _gw = a_silent_prefill_times_out(&p, &d).await;
+    // The decode was never asked.
     assert!(d.aborts().is_empty(), "{:?}", d.aborts());
 }
