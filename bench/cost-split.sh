@@ -12,9 +12,12 @@
 #   SKIP_BUILD=1 bench/cost-split.sh                    # → bench/results/cost-split.md (~1 min once built)
 #   SKIP_BUILD=1 PROMPT=262144 bench/cost-split.sh      # → bench/results/cost-split-262144.md
 #
-# Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), CONCURRENCY (64), SECONDS_REC (5),
-# FREQ (2999 Hz), PROMPT (the chat body's bytes, 1024), PORT_BASE (24900), OUT (bench/results;
-# cost-split.md, or cost-split-$PROMPT.md for another size; logs/ under it).
+# Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR / PGO / HALT_POLL_NS (as run.sh), CONCURRENCY
+# (64), SECONDS_REC (5), FREQ (2999 Hz), PROMPT (the chat body's bytes, 1024), PORT_BASE (24900),
+# OUT (bench/results; cost-split.md, -$PROMPT added for another size and -c$CONCURRENCY for another
+# load; logs/ under it), FLAMEGRAPHS=1 (record call graphs too, DWARF-unwound, and draw each
+# target's flamegraph with inferno — `cargo install inferno` — into logs/cost-split/NAME.svg; the
+# unwinding slows the targets, so read the µs from a run without it).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,15 +29,21 @@ CONCURRENCY=${CONCURRENCY:-64}
 SECONDS_REC=${SECONDS_REC:-5}
 FREQ=${FREQ:-2999}
 PROMPT=${PROMPT:-1024}
-REPORT=$OUT/cost-split.md
-[ "$PROMPT" = 1024 ] || REPORT=$OUT/cost-split-$PROMPT.md
+REPORT=$OUT/cost-split$([ "$PROMPT" = 1024 ] || echo "-$PROMPT")$([ "$CONCURRENCY" = 64 ] || echo "-c$CONCURRENCY").md
 
 LOG_TAG=cost-split
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 
 command -v perf >/dev/null || die "perf not installed (linux-tools)"
+graph=()
+if [[ ${FLAMEGRAPHS:-0} == 1 ]]; then
+  command -v inferno-flamegraph >/dev/null || die "FLAMEGRAPHS=1 needs inferno (cargo install inferno)"
+  graph=(--call-graph dwarf,16384)
+fi
 build_binaries
+pgo_build
+halt_poll_set
 mkdir -p "$OUT/logs"
 DATA=$OUT/logs/cost-split
 mkdir -p "$DATA"
@@ -62,7 +71,8 @@ record() {
   rm -f "$DATA/$name.json"
   (
     sleep 1
-    perf record -F "$FREQ" -p "$pid" -o "$DATA/$name.data" -- sleep "$SECONDS_REC" >/dev/null 2>&1
+    perf record -F "$FREQ" "${graph[@]}" -p "$pid" -o "$DATA/$name.data" -- sleep "$SECONDS_REC" \
+      >/dev/null 2>&1
   ) &
   local rec=$!
   "$BIN/pdgate-bench" --threads 1 sweep --target "$name=$http:$port" --concurrency "$CONCURRENCY" \
@@ -73,6 +83,10 @@ record() {
     "$DATA/$name.json" >"$DATA/$name.rps"
   perf report -i "$DATA/$name.data" --no-children --sort dso,sym --stdio \
     -F overhead,sample,dso,sym 2>/dev/null | grep '%' >"$DATA/$name.txt"
+  if [[ ${FLAMEGRAPHS:-0} == 1 ]]; then
+    perf script -i "$DATA/$name.data" 2>/dev/null | inferno-collapse-perf \
+      | inferno-flamegraph --title "$name, c=$CONCURRENCY, $PROMPT-byte chat" >"$DATA/$name.svg"
+  fi
   log "$name: $(cat "$DATA/$name.rps") req/s while recorded"
 }
 record floor $((PORT_BASE + 10)) "$FLOOR"
@@ -85,6 +99,7 @@ commit="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet ||
   echo
   echo "$(date -u +%FT%TZ) — commit $commit;" \
     "c=$CONCURRENCY, non-streamed chat of $PROMPT bytes, canned engines; perf -F $FREQ for ${SECONDS_REC} s each; load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "pdgate: $PDGATE_EXE; $(idle_line)."
   echo
   python3 "$ROOT/bench/cost_split.py" "$FREQ" "$SECONDS_REC" "$DATA" floor pingora-floor pdgate
 } >"$REPORT"

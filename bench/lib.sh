@@ -13,7 +13,30 @@ stop_all() {
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   PIDS=()
 }
-trap stop_all EXIT
+
+# The guest's idle polling: this VM's cpuidle driver is `haltpoll`, and its guest_halt_poll_ns
+# (how long an idle vCPU polls before it halts; the kernel's default is 200000) decides what a
+# wake-up costs at low load. HALT_POLL_NS=N sets it for the script's run (root only) and puts the
+# old value back on exit; idle_line says what the run had, for env.txt.
+HALT_POLL_FILE=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+HALT_POLL_WAS=
+halt_poll_set() {
+  [[ -n ${HALT_POLL_NS:-} ]] || return 0
+  [[ -w $HALT_POLL_FILE ]] || die "HALT_POLL_NS set but $HALT_POLL_FILE is not writable here"
+  HALT_POLL_WAS=$(<"$HALT_POLL_FILE")
+  echo "$HALT_POLL_NS" >"$HALT_POLL_FILE" || die "could not write $HALT_POLL_FILE"
+  log "guest_halt_poll_ns $HALT_POLL_WAS -> $HALT_POLL_NS (put back on exit)"
+}
+halt_poll_restore() {
+  [[ -z $HALT_POLL_WAS ]] || echo "$HALT_POLL_WAS" >"$HALT_POLL_FILE" || true
+  HALT_POLL_WAS=
+}
+idle_line() {
+  local drv
+  drv=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo '?')
+  echo "idle: cpuidle driver $drv$([[ -r $HALT_POLL_FILE ]] && echo ", guest_halt_poll_ns $(<"$HALT_POLL_FILE")")$([[ -n ${HALT_POLL_NS:-} ]] && echo ' (HALT_POLL_NS)')"
+}
+trap 'stop_all; halt_poll_restore' EXIT
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 

@@ -68,7 +68,8 @@
 # MODEL_DIR (default $OUT/model), GRPC_YAML (more `gateway:` lines, indented two spaces, for the
 # gRPC pdgate only, e.g. '  tokenizer_cache_enable_l0: true'), UNIQUE_PROMPTS=1 (every request's
 # prompt differs: its first word carries the connection and request number, so no tokenizer or
-# prefix cache can serve a repeat).
+# prefix cache can serve a repeat), HALT_POLL_NS (root, `haltpoll` guests: guest_halt_poll_ns for
+# the run, put back on exit — 200000 is the kernel's default, this VM ships 0; env.txt says which).
 #
 # Engines: three identical SGLang engines per mode (canned-fast or mock `both`: they serve a PD
 # leg body as a plain request, without a KV rendezvous). Direct = one of them; pdgate and the peer send the
@@ -204,6 +205,7 @@ start_peer() {
 # ---- build -----------------------------------------------------------------------------------
 build_binaries
 pgo_build
+halt_poll_set
 mkdir -p "$OUT/logs"
 smg_peer
 PEER_NAME=${PEER_NAME:-peer}
@@ -227,6 +229,7 @@ esac
   fi
   echo "cpus: $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "kernel: $(uname -r); nofile: $NOFILE"
+  idle_line
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "settings: QUICK=$QUICK DURATION=$DURATION WARMUP=$WARMUP CONCURRENCY=$CONCURRENCY PROMPTS=$PROMPTS MODES='$MODES' MAX_TOKENS=$MAX_TOKENS LOADGEN_THREADS=$LOADGEN_THREADS"
   echo "peer: ${PEER_CMD:+$PEER_NAME: $PEER_CMD}"

@@ -12,7 +12,7 @@
 #   SKIP_BUILD=1 bench/sched.sh               # → bench/results/sched.md (~1 min once built)
 #   SKIP_BUILD=1 STREAM=on bench/sched.sh     # → bench/results/sched-stream.md
 #
-# Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR (as run.sh), CONCURRENCY (64), SECONDS_REC
+# Knobs: BIN_DIR / SKIP_BUILD / CARGO_TARGET_DIR / PGO / HALT_POLL_NS (as run.sh), CONCURRENCY (64), SECONDS_REC
 # (4), FREQ (2999 Hz), STREAM (off), PORT_BASE (25200), OUT (bench/results; logs/ under it).
 set -euo pipefail
 
@@ -34,6 +34,8 @@ source "$ROOT/bench/lib.sh"
 
 command -v perf >/dev/null || die "perf not installed (linux-tools)"
 build_binaries
+pgo_build
+halt_poll_set
 mkdir -p "$OUT/logs"
 DATA=$OUT/logs/sched
 rm -rf "$DATA"
@@ -87,6 +89,7 @@ commit="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet ||
   echo "$(date -u +%FT%TZ) — commit $commit; c=$CONCURRENCY, 1 KB chat, stream $STREAM," \
     "canned engines; a load of ${SECONDS_REC} s traced, then one sampled at $FREQ Hz;" \
     "load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "pdgate: $PDGATE_EXE; $(idle_line)."
   echo
   python3 "$ROOT/bench/sched_split.py" "$FREQ" "$DATA" pingora-floor pdgate
 } >"$REPORT"
