@@ -18,7 +18,10 @@ use serde_json::value::RawValue;
 
 use crate::json;
 
+mod parts;
 mod walk;
+
+pub use parts::{BodyParts, BodySink, PartsSink, Sink};
 
 /// The entries of one JSON object, in document order (duplicates kept).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -231,7 +234,19 @@ impl TopLevel {
 pub fn rewrite(body: &[u8], top: &TopLevel, drop: &[&str], set: &[(&str, &[u8])]) -> Vec<u8> {
     let added: usize = set.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
     let mut out = Vec::with_capacity(body.len() + added + 2);
-    out.push(b'{');
+    rewrite_into(&mut out, body, top, drop, set);
+    out
+}
+
+/// [`rewrite`] into any [`Sink`]: with a [`PartsSink`], the kept entries are not copied.
+pub fn rewrite_into<S: Sink>(
+    out: &mut S,
+    body: &[u8],
+    top: &TopLevel,
+    drop: &[&str],
+    set: &[(&str, &[u8])],
+) {
+    out.own(|o| o.push(b'{'));
     let mut first = true;
     for entry in &top.entries {
         let key = entry.key.as_bytes();
@@ -242,26 +257,27 @@ pub fn rewrite(body: &[u8], top: &TopLevel, drop: &[&str], set: &[(&str, &[u8])]
         {
             continue;
         }
-        let Some(bytes) = body.get(entry.key_start..entry.value.end) else {
+        if entry.key_start > entry.value.end || entry.value.end > body.len() {
             continue;
-        };
-        if !first {
-            out.push(b',');
         }
-        out.extend_from_slice(bytes);
+        if !first {
+            out.own(|o| o.push(b','));
+        }
+        out.kept(body, entry.key_start..entry.value.end);
         first = false;
     }
     for (key, value) in set {
-        if !first {
-            out.push(b',');
-        }
-        json::push_string(&mut out, key);
-        out.push(b':');
-        out.extend_from_slice(value);
+        out.own(|o| {
+            if !first {
+                o.push(b',');
+            }
+            json::push_string(o, key);
+            o.push(b':');
+            o.extend_from_slice(value);
+        });
         first = false;
     }
-    out.push(b'}');
-    out
+    out.own(|o| o.push(b'}'));
 }
 
 /// What a validated document is at the top. Deserializing it walks every value with

@@ -2,7 +2,7 @@
 //! exactly like serde_json, rewrite without losing or inventing data, read SSE streams the
 //! same way whatever the chunking, and accept exactly the request bodies of the right shape.
 
-use pdgate_filters::body::{rewrite, scan_object, BodyError};
+use pdgate_filters::body::{rewrite, rewrite_into, scan_object, BodyError, PartsSink};
 use pdgate_filters::classify::classify;
 use pdgate_filters::fanout;
 use pdgate_filters::framing::{BodyDecoder, Framing};
@@ -629,6 +629,13 @@ proptest! {
 
         let top = scan_object(body.as_bytes()).unwrap();
         let out = rewrite(body.as_bytes(), &top, &drop_refs, &set_refs);
+        // Kept as pieces of the body instead of copied: the same bytes.
+        let shared = bytes::Bytes::from(body.clone().into_bytes());
+        let mut parts = PartsSink::new(&shared);
+        rewrite_into(&mut parts, &shared, &top, &drop_refs, &set_refs);
+        let parts = parts.finish();
+        prop_assert_eq!(parts.len(), out.len());
+        prop_assert!(parts == *out.as_slice());
         let got: Value = serde_json::from_slice(&out).unwrap();
         let want_set: Vec<(&str, Value)> =
             set.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
@@ -655,6 +662,10 @@ proptest! {
         let leg = if decode { Leg::Decode } else { Leg::Prefill };
         let dp = DpRanks { prefill: dp.0, decode: dp.1 };
         let out = sglang::leg_body(body.as_bytes(), &top, &target, &rooms, leg, &dp);
+        let shared = bytes::Bytes::from(body.clone().into_bytes());
+        let mut parts = PartsSink::new(&shared);
+        sglang::leg_body_into(&mut parts, &shared, &top, &target, &rooms, leg, &dp, &[]);
+        prop_assert!(parts.finish() == *out.as_slice());
 
         let out_top = scan_object(&out).unwrap();
         for k in [sglang::BOOTSTRAP_HOST, sglang::BOOTSTRAP_PORT, sglang::BOOTSTRAP_ROOM] {

@@ -20,6 +20,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Version};
 use pdgate_filters::ascii::all_visible;
+use pdgate_filters::body::{BodyParts, BodySink};
 use pdgate_filters::framing::{BodyDecoder, Framing, FramingError};
 use pdgate_filters::json::decimal_bytes;
 use pingora::connectors::{ConnectorOptions, TransportConnector};
@@ -46,7 +47,8 @@ const MAX_HEAD: usize = 64 * 1024;
 /// Most response header lines accepted.
 const MAX_HEADERS: usize = 128;
 /// A request body up to this size is copied behind its head so both leave in one write; a
-/// larger one is written after the head (the extra write is small next to the copy).
+/// larger one is written with the head in one vectored write, its pieces uncopied (and a leg
+/// body this large is built as pieces of the client's: [`spliced_body`]).
 const COALESCE_BODY: usize = 64 * 1024;
 
 /// What went wrong on a leg, before or after its response head.
@@ -112,7 +114,7 @@ pub struct LegRequest<'a> {
     pub host: &'a str,
     /// Extra headers (forwarded client headers, auth). `Content-Type`/`Content-Length` are added.
     pub headers: &'a [(HeaderName, HeaderValue)],
-    pub body: Bytes,
+    pub body: BodyParts,
     /// Which of the answer's headers the leg keeps.
     pub answer_headers: AnswerHeaders,
 }
@@ -246,7 +248,8 @@ struct RequestWire {
     /// A plain vector: it is written once (twice on a stale pooled connection), never shared,
     /// and a frozen `Bytes` of it would cost a second allocation.
     first: Vec<u8>,
-    rest: Option<Bytes>,
+    /// A large body's pieces, written after `first` in the same vectored write (never copied).
+    rest: Option<BodyParts>,
     answer_headers: AnswerHeaders,
 }
 
@@ -291,7 +294,7 @@ impl RequestWire {
         }
         w.extend_from_slice(b"\r\n");
         let rest = if coalesce {
-            w.extend_from_slice(&req.body);
+            req.body.copy_into(&mut w);
             None
         } else {
             Some(req.body.clone())
@@ -304,6 +307,34 @@ impl RequestWire {
     }
 }
 
+/// A leg body spliced from the client's `body` by `splice`: a copy when small (a leg copies it
+/// behind its head anyway), pieces of the client's bytes when large.
+pub fn spliced_body(body: &Bytes, splice: impl FnOnce(&mut BodySink<'_>)) -> BodyParts {
+    let mut out = BodySink::new(body, COALESCE_BODY);
+    splice(&mut out);
+    out.finish()
+}
+
+/// Writes `first` then every part, in as few vectored writes as the socket takes.
+async fn write_all_parts(
+    stream: &mut Stream,
+    first: &[u8],
+    parts: &[Bytes],
+) -> std::io::Result<()> {
+    let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
+    slices.push(std::io::IoSlice::new(first));
+    slices.extend(parts.iter().map(|p| std::io::IoSlice::new(p)));
+    let mut left = slices.as_mut_slice();
+    while !left.is_empty() {
+        let n = stream.write_vectored(left).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut left, n);
+    }
+    Ok(())
+}
+
 /// Writes the request and reads the response head within `limit`. Err carries whether the
 /// failure happened before any response byte (retryable on a fresh connection when the socket
 /// came from the pool).
@@ -314,9 +345,11 @@ async fn exchange(
 ) -> Result<OpenLeg, (LegError, bool)> {
     let work = async {
         let send = |e: std::io::Error| (LegError::new(LegErrorKind::Send, e), true);
-        stream.write_all(&wire.first).await.map_err(send)?;
-        if let Some(rest) = &wire.rest {
-            stream.write_all(rest).await.map_err(send)?;
+        match &wire.rest {
+            None => stream.write_all(&wire.first).await.map_err(send)?,
+            Some(rest) => write_all_parts(&mut stream, &wire.first, rest.parts())
+                .await
+                .map_err(send)?,
         }
         stream.flush().await.map_err(send)?;
         read_head(&mut stream, wire.answer_headers).await
@@ -909,7 +942,7 @@ mod tests {
             path: "/generate",
             host: "127.0.0.1:30000",
             headers: &headers,
-            body: Bytes::from_static(b"{\"a\":1}"),
+            body: Bytes::from_static(b"{\"a\":1}").into(),
         };
         let w = RequestWire::encode(&req).unwrap();
         assert!(w.rest.is_none());
@@ -923,7 +956,7 @@ mod tests {
             path: "/health",
             host: "h:1",
             headers: &[],
-            body: Bytes::new(),
+            body: Bytes::new().into(),
         };
         assert_eq!(
             &RequestWire::encode(&get).unwrap().first[..],
@@ -931,7 +964,7 @@ mod tests {
         );
         let big = LegRequest {
             answer_headers: AnswerHeaders::All,
-            body: Bytes::from(vec![b'x'; COALESCE_BODY + 1]),
+            body: Bytes::from(vec![b'x'; COALESCE_BODY + 1]).into(),
             ..get
         };
         let w = RequestWire::encode(&big).unwrap();
@@ -943,7 +976,7 @@ mod tests {
                 path,
                 host,
                 headers: &[],
-                body: Bytes::new(),
+                body: Bytes::new().into(),
             };
             assert!(RequestWire::encode(&r).is_err());
         }
@@ -997,7 +1030,7 @@ mod tests {
             path: "/s",
             host: "h:1",
             headers: &[],
-            body: Bytes::new(),
+            body: Bytes::new().into(),
         }
     }
 

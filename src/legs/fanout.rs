@@ -18,7 +18,7 @@ use pdgate_filters::logprobs::{merge_event, merge_json, PrefillLogprobs};
 use pdgate_filters::sse::SseSplitter;
 use pingora::proxy::Session;
 
-use super::client::{LegError, LegErrorKind, OpenLeg};
+use super::client::{spliced_body, LegError, LegErrorKind, OpenLeg};
 use super::dispatch::Attempt;
 use super::parallel::{self, open_sample, OpenSample, PdLabels, Rendezvous, SampleLegs};
 use super::prefill::Abandoning;
@@ -66,9 +66,9 @@ pub async fn attempt(
         let fields = fanout::sample_fields(req.route, &req.body, &req.top, j);
         let fields: Vec<(&str, &[u8])> = fields.iter().map(|(k, v)| (*k, v.as_slice())).collect();
         let body = |leg| {
-            Bytes::from(sglang::leg_body_with(
-                &req.body, &req.top, &target, &rooms, leg, &dp, &fields,
-            ))
+            spliced_body(&req.body, |out| {
+                sglang::leg_body_into(out, &req.body, &req.top, &target, &rooms, leg, &dp, &fields)
+            })
         };
         let prefill_body = body(Leg::Prefill);
         // Without DP ranks both legs carry the same bytes.

@@ -19,7 +19,7 @@ use pdgate_filters::handoff::moriio::{self, HandoffExpectation, MoriPlan, MoriWo
 use pdgate_filters::handoff::vllm::{self, Connector};
 use pingora::proxy::Session;
 
-use super::client::{LegError, LegErrorKind, LegRequest, OpenLeg};
+use super::client::{spliced_body, LegError, LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
 use super::parallel::{decode_refusal, transport_refusal, PdLabels};
 use super::request::{ForwardHeaders, PdRequest};
@@ -33,6 +33,7 @@ use crate::reply::Reply;
 use crate::trace::{self, LegFacts, LegRole, LegTrace, LegTransport};
 use crate::workers::select::Pair;
 use crate::workers::Worker;
+use pdgate_filters::body::BodyParts;
 
 /// The request header vLLM takes its request id from (and the connector its peer markers).
 const X_REQUEST_ID: &str = "x-request-id";
@@ -128,7 +129,7 @@ impl<'a> Legs<'a> {
         worker: &'r Worker,
         path: &'r str,
         headers: &'r ForwardHeaders,
-        body: Bytes,
+        body: BodyParts,
     ) -> LegRequest<'r> {
         LegRequest {
             answer_headers: super::client::AnswerHeaders::All,
@@ -227,7 +228,12 @@ async fn sequential(
     let (gw, s, req, pair) = (legs.gw, legs.settings, legs.req, legs.pair);
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
-    let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
+    let prefill_req = legs.leg(
+        &pair.prefill,
+        &prefill_path,
+        &prefill_headers,
+        prefill_body.into(),
+    );
     let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
     let response = tokio::select! {
         r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace) => r,
@@ -246,14 +252,11 @@ async fn sequential(
 
     let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
     let decode_path = pair.decode.address.path_for(legs.route_path());
-    let decode_body = vllm::decode_leg_body(&req.body, &req.top, Some(&params));
+    let decode_body = spliced_body(&req.body, |out| {
+        vllm::decode_leg_body_into(out, &req.body, &req.top, Some(&params), &[])
+    });
     let (mut decode_trace, decode_headers) = legs.traced(ctx, LegRole::Decode);
-    let decode_req = legs.leg(
-        &pair.decode,
-        &decode_path,
-        &decode_headers,
-        decode_body.into(),
-    );
+    let decode_req = legs.leg(&pair.decode, &decode_path, &decode_headers, decode_body);
     let opened = tokio::select! {
         r = gw.client.open_traced(&pair.decode.peer, &decode_req, legs.decode_head_timeout(), &mut decode_trace) => r,
         _ = session.read_body_or_idle(true) => return Attempt::ClientGone,
@@ -289,16 +292,18 @@ async fn concurrent(
     let (gw, s, req, pair) = (legs.gw, legs.settings, legs.req, legs.pair);
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
-    let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
-    let decode_path = pair.decode.address.path_for(legs.route_path());
-    let decode_body = vllm::decode_leg_body(&req.body, &req.top, Some(decode_params));
-    let (mut decode_trace, decode_headers) = legs.traced(ctx, LegRole::Decode);
-    let decode_req = legs.leg(
-        &pair.decode,
-        &decode_path,
-        &decode_headers,
-        decode_body.into(),
+    let prefill_req = legs.leg(
+        &pair.prefill,
+        &prefill_path,
+        &prefill_headers,
+        prefill_body.into(),
     );
+    let decode_path = pair.decode.address.path_for(legs.route_path());
+    let decode_body = spliced_body(&req.body, |out| {
+        vllm::decode_leg_body_into(out, &req.body, &req.top, Some(decode_params), &[])
+    });
+    let (mut decode_trace, decode_headers) = legs.traced(ctx, LegRole::Decode);
+    let decode_req = legs.leg(&pair.decode, &decode_path, &decode_headers, decode_body);
     let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
     let _decode_in_flight = pair.decode.track(req.routing.routing_key.is_some());
 

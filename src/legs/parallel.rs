@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use pdgate_filters::body::BodyParts;
 use pdgate_filters::errors::{
     decode_error, prefill_error, sse_error_event, upstream_error_message, ErrorCode,
 };
@@ -15,7 +15,7 @@ use pdgate_filters::handoff::sglang::{self, BootstrapTarget, DpRanks, Leg, Rooms
 use pdgate_filters::logprobs::{prefill_input_logprobs, PrefillLogprobs};
 use pingora::proxy::Session;
 
-use super::client::{LegError, LegErrorKind, LegRequest, OpenLeg};
+use super::client::{spliced_body, LegError, LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
 use super::handoff::KvVerdict;
 use super::prefill::{PrefillEnd, PrefillHead, PrefillJob, PrefillLeg};
@@ -157,26 +157,19 @@ pub async fn attempt(
     let merge_source;
     let _decode_in_flight;
     let relayed = {
-        let prefill_body = Bytes::from(sglang::leg_body(
-            &req.body,
-            &req.top,
-            &target,
-            &rooms,
-            Leg::Prefill,
-            &dp,
-        ));
-        // Without DP ranks both legs carry the same bytes: one allocation, shared.
+        // A large body's bytes are shared, not copied: each leg body is then pieces of the
+        // client's around the gateway's fields.
+        let body = |leg| {
+            spliced_body(&req.body, |out| {
+                sglang::leg_body_into(out, &req.body, &req.top, &target, &rooms, leg, &dp, &[])
+            })
+        };
+        let prefill_body = body(Leg::Prefill);
+        // Without DP ranks both legs carry the same bytes: one set of pieces, shared.
         let decode_body = if dp.prefill.is_none() && dp.decode.is_none() {
             prefill_body.clone()
         } else {
-            Bytes::from(sglang::leg_body(
-                &req.body,
-                &req.top,
-                &target,
-                &rooms,
-                Leg::Decode,
-                &dp,
-            ))
+            body(Leg::Decode)
         };
 
         let handoff = gw.ledger.open(
@@ -247,8 +240,8 @@ pub async fn attempt(
 /// What one rendezvous sends: the two leg bodies (the same room), the headers, its ledger entry,
 /// and the legs' spans when the request is traced.
 pub struct SampleLegs {
-    pub prefill_body: Bytes,
-    pub decode_body: Bytes,
+    pub prefill_body: BodyParts,
+    pub decode_body: BodyParts,
     pub headers: ForwardHeaders,
     pub handoff: Arc<Handoff>,
     pub prefill_trace: LegTrace,
@@ -260,7 +253,7 @@ impl SampleLegs {
     pub fn new(
         ctx: &RequestCtx,
         pair: &Pair,
-        [prefill_body, decode_body]: [Bytes; 2],
+        [prefill_body, decode_body]: [BodyParts; 2],
         headers: ForwardHeaders,
         handoff: Arc<Handoff>,
         facts: LegFacts,

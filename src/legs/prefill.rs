@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use pdgate_filters::body::BodyParts;
 use tokio::sync::oneshot;
 
 use super::client::{LegClient, LegError, LegErrorKind, LegRequest};
@@ -60,7 +61,7 @@ pub struct PrefillJob {
     pub worker: Arc<Worker>,
     /// Request path (borrowed from the route table unless the worker URL has a path prefix).
     pub path: std::borrow::Cow<'static, str>,
-    pub body: Bytes,
+    pub body: BodyParts,
     pub headers: ForwardHeaders,
     /// The leg's span when the request is traced (ends with the leg).
     pub trace: LegTrace,
@@ -547,7 +548,7 @@ mod tests {
             client: Arc::new(LegClient::new(4, None)),
             worker: worker.clone(),
             path: "/generate".into(),
-            body: Bytes::from_static(b"body"),
+            body: Bytes::from_static(b"body").into(),
             headers: ForwardHeaders::default(),
             trace: None,
             handoff: Ledger::new().open(Kind::Room, 1, "r", &worker, &worker),

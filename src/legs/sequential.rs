@@ -15,7 +15,7 @@ use pdgate_filters::errors::{upstream_error_message, ErrorCode};
 use pdgate_filters::handoff::vllm::{self, Connector, TRANSFER_ID_PREFIX};
 use pingora::proxy::Session;
 
-use super::client::{LegErrorKind, LegRequest, OpenLeg};
+use super::client::{spliced_body, LegErrorKind, LegRequest, OpenLeg};
 use super::dispatch::Attempt;
 use super::handoff::KvVerdict;
 use super::parallel::{decode_refusal, transport_refusal, PdLabels};
@@ -149,12 +149,17 @@ pub async fn attempt(
                 (None, None)
             }
         };
-        let body = Bytes::from(vllm::prefill_leg_body(
-            req.route,
-            &req.body,
-            &req.top,
-            tag.as_deref(),
-        ));
+        let body = spliced_body(&req.body, |out| {
+            vllm::prefill_leg_body_into(
+                out,
+                req.route,
+                &req.body,
+                &req.top,
+                tag.as_deref(),
+                &[],
+                &[],
+            )
+        });
         let prefill_path = pair.prefill.address.path_for(route_path);
         let prefill_trace = trace::leg(
             ctx,
@@ -248,11 +253,9 @@ pub async fn attempt(
         path: &decode_path,
         host: &pair.decode.address.authority,
         headers: decode_headers.as_slice(),
-        body: Bytes::from(vllm::decode_leg_body(
-            &req.body,
-            &req.top,
-            decode_params.as_deref(),
-        )),
+        body: spliced_body(&req.body, |out| {
+            vllm::decode_leg_body_into(out, &req.body, &req.top, decode_params.as_deref(), &[])
+        }),
     };
     let head_timeout = if req.facts.stream {
         s.decode_first_byte_timeout

@@ -141,7 +141,7 @@ impl LinkCanaries {
             path: "/v1/completions",
             host: authority,
             headers: &headers,
-            body: Bytes::from(body.to_string()),
+            body: Bytes::from(body.to_string()).into(),
         };
         match client.open(peer, &req, CANARY_TIMEOUT).await {
             Ok(mut leg) => {

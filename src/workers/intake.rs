@@ -199,7 +199,7 @@ pub async fn worker_call(
         path: &full,
         host: &w.address.authority,
         headers: &all,
-        body: Bytes::new(),
+        body: Default::default(),
     };
     let exchange = async {
         let mut leg = client

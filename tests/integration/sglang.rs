@@ -470,13 +470,22 @@ async fn prompts_of_1mib_and_8mib_work_and_over_the_cap_is_413() {
         let body = json!({"text": text, "sampling_params": {"max_new_tokens": 2}});
         let pd = gw.post("/generate", &body).await;
         assert_eq!(pd.status, 200, "{size} bytes: {}", pd.text());
+        // Both legs got the client's bytes whole (written as pieces of its body, not copied).
         let p = last_record(&fleet.prefill.records(), "/generate");
-        assert_eq!(
-            p.body["text"].as_str().map(str::len),
-            Some(text.len()),
-            "prompt truncated on the prefill leg"
-        );
         let d = last_record(&fleet.decode.records(), "/generate");
+        for (leg, r) in [("prefill", &p), ("decode", &d)] {
+            assert_eq!(
+                r.body["text"].as_str().map(str::len),
+                Some(text.len()),
+                "prompt truncated on the {leg} leg"
+            );
+            assert!(
+                r.body["text"] == text.as_str(),
+                "prompt changed on the {leg} leg"
+            );
+            assert_eq!(r.body["sampling_params"], body["sampling_params"], "{leg}");
+            assert_eq!(r.body["bootstrap_room"], p.body["bootstrap_room"], "{leg}");
+        }
         assert_eq!(d.handoff.kv_source.as_deref(), Some("remote"));
     }
     let too_big = json!({"text": "x".repeat(11 << 20)});

@@ -194,6 +194,41 @@ async fn the_prefill_leg_is_capped_on_the_routes_own_field_and_sent_first() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_64_kib_reaches_both_legs_whole_with_its_edits() {
+    // Over 64 KiB each leg's body is pieces of the client's (written uncopied, in one
+    // vectored write with its head): the edits and the client's bytes must still all arrive.
+    let fleet = VllmFleet::start(Connector::Nixl).await;
+    let gw = fleet.gateway("").await;
+    let user = "u".repeat(100 * 1024);
+    let chat = json!({"model": "mock-model", "messages": [{"role": "user", "content": "x"}],
+        "user": user, "max_tokens": 3, "stream": false,
+        "kv_transfer_params": {"remote_host": "203.0.113.66", "remote_port": 1}});
+    let r = gw.post("/v1/chat/completions", &chat).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let p = last(&fleet.prefill.records()).clone();
+    let d = last(&fleet.decode.records()).clone();
+    for (leg, rec) in [("prefill", &p), ("decode", &d)] {
+        assert!(
+            rec.body["user"] == user.as_str(),
+            "{leg}: the client's bytes changed"
+        );
+        assert_eq!(rec.body["messages"], chat["messages"], "{leg}");
+    }
+    assert_eq!(p.body["max_tokens"], 1);
+    assert_eq!(
+        p.body["kv_transfer_params"],
+        json!({"do_remote_decode": true, "do_remote_prefill": false})
+    );
+    assert_eq!(d.body["max_tokens"], 3);
+    assert_eq!(
+        d.body["kv_transfer_params"],
+        p.handoff.returned_params.clone().unwrap(),
+        "params not relayed verbatim"
+    );
+    fleet.assert_nothing_pinned().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_above_one_skips_the_prefill_and_strips_client_handoff_fields() {
     let fleet = VllmFleet::start(Connector::Nixl).await;
     let gw = fleet.gateway("").await;

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use crate::body::{rewrite, TopLevel};
+use crate::body::{rewrite_into, Sink, TopLevel};
 use crate::handoff::vllm::KV_TRANSFER_PARAMS;
 use crate::json;
 
@@ -113,6 +113,24 @@ pub fn leg_body_with(
     dp: &DpRanks,
     extra: &[(&str, &[u8])],
 ) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 160);
+    leg_body_into(&mut out, body, top, target, rooms, leg, dp, extra);
+    out
+}
+
+/// [`leg_body_with`] into any [`Sink`]: with a [`crate::body::PartsSink`], the client's bytes
+/// are not copied.
+#[allow(clippy::too_many_arguments)]
+pub fn leg_body_into<S: Sink>(
+    out: &mut S,
+    body: &[u8],
+    top: &TopLevel,
+    target: &BootstrapTarget,
+    rooms: &Rooms,
+    leg: Leg,
+    dp: &DpRanks,
+    extra: &[(&str, &[u8])],
+) {
     let n = rooms.as_slice().len();
     let mut scratch = Vec::with_capacity((target.host.len() + 30) * n.max(1) + 64);
     let host = push_value(&mut scratch, rooms, |out| {
@@ -158,7 +176,7 @@ pub fn leg_body_with(
     for (key, range) in &dp_ranges {
         set.push((key, &scratch[range.clone()]));
     }
-    rewrite(body, top, CLIENT_FORBIDDEN_KEYS, &set)
+    rewrite_into(out, body, top, CLIENT_FORBIDDEN_KEYS, &set)
 }
 
 /// Writes one scalar (single room) or that scalar repeated per room (batch); returns its range.

@@ -2,7 +2,7 @@
 //! `kv_transfer_params` tags the gateway mints, the relay of the prefill's params to the decode
 //! leg, and the decode leg body.
 
-use crate::body::{rewrite, scan_object, TopLevel};
+use crate::body::{rewrite_into, scan_object, Sink, TopLevel};
 use crate::fields;
 use crate::handoff::sglang;
 use crate::json;
@@ -131,6 +131,22 @@ pub fn prefill_leg_body_with(
     extra_drop: &[&str],
     extra_set: &[(&str, &[u8])],
 ) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 64 + tag.map_or(0, <[u8]>::len));
+    prefill_leg_body_into(&mut out, route, body, top, tag, extra_drop, extra_set);
+    out
+}
+
+/// [`prefill_leg_body_with`] into any [`Sink`] (pieces of the client's body, uncopied, with a
+/// [`crate::body::PartsSink`]).
+pub fn prefill_leg_body_into<S: Sink>(
+    out: &mut S,
+    route: Route,
+    body: &[u8],
+    top: &TopLevel,
+    tag: Option<&[u8]>,
+    extra_drop: &[&str],
+    extra_set: &[(&str, &[u8])],
+) {
     let cap = match route {
         Route::ChatCompletions
             if top
@@ -161,7 +177,7 @@ pub fn prefill_leg_body_with(
     if let Some(tag) = tag {
         set.push((KV_TRANSFER_PARAMS, tag));
     }
-    rewrite(body, top, &drop, &set)
+    rewrite_into(out, body, top, &drop, &set)
 }
 
 /// The decode leg: the client request unchanged except client `kv_transfer_params`, bootstrap
@@ -177,12 +193,25 @@ pub fn decode_leg_body_with(
     params: Option<&[u8]>,
     extra_set: &[(&str, &[u8])],
 ) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 32 + params.map_or(0, <[u8]>::len));
+    decode_leg_body_into(&mut out, body, top, params, extra_set);
+    out
+}
+
+/// [`decode_leg_body_with`] into any [`Sink`].
+pub fn decode_leg_body_into<S: Sink>(
+    out: &mut S,
+    body: &[u8],
+    top: &TopLevel,
+    params: Option<&[u8]>,
+    extra_set: &[(&str, &[u8])],
+) {
     let mut set: Vec<(&str, &[u8])> = Vec::with_capacity(1 + extra_set.len());
     set.extend_from_slice(extra_set);
     if let Some(params) = params {
         set.push((KV_TRANSFER_PARAMS, params));
     }
-    rewrite(body, top, HANDOFF_KEYS, &set)
+    rewrite_into(out, body, top, HANDOFF_KEYS, &set)
 }
 
 /// vLLM ≥ 0.31 (NIXL, MoRI-IO): the prefill's params carry its own prefix-cache hit count, and
