@@ -1,4 +1,4 @@
-//! SGLang `leg_body` / `leg_body_with`: single and batch rooms, both legs, DP ranks, any
+//! SGLang `leg_body` / `leg_body_into`: single and batch rooms, both legs, DP ranks, any
 //! bootstrap host and port, on any client object.
 //!
 //! Input: 8 control bytes, then the client body.
@@ -15,7 +15,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use pdgate_filters::handoff::sglang::{
-    leg_body_with, BootstrapTarget, DpRanks, Leg, Rooms, BOOTSTRAP_HOST, BOOTSTRAP_PORT,
+    leg_body_into, BootstrapTarget, DpRanks, Leg, Rooms, BOOTSTRAP_HOST, BOOTSTRAP_PORT,
     BOOTSTRAP_ROOM, CLIENT_FORBIDDEN_KEYS, DISAGG_PREFILL_DP_RANK, ROUTED_DP_RANK,
 };
 use pdgate_filters::scan_object;
@@ -52,7 +52,8 @@ fuzz_target!(|data: &[u8]| {
         &[]
     };
 
-    let out = leg_body_with(body, &top, &target, &rooms, leg, &dp, extra);
+    let mut out = Vec::new();
+    leg_body_into(&mut out, body, &top, &target, &rooms, leg, &dp, extra);
 
     // The exact set the gateway adds, built here from the documented contract.
     let per_item = |v: Value| match &rooms {

@@ -376,14 +376,17 @@ pub fn prefill_tag(plan: &MoriPlan, transfer_id: &str) -> Vec<u8> {
 /// `ignore_eos: true` and without `stop`/`stop_token_ids` — the connector hands off only when
 /// the leg ends at its cap, so the one (discarded) token must not be a stop.
 pub fn prefill_leg_body(route: Route, body: &[u8], top: &TopLevel, tag: &[u8]) -> Vec<u8> {
-    vllm::prefill_leg_body_with(
+    let mut out = Vec::with_capacity(body.len() + 96 + tag.len());
+    vllm::prefill_leg_body_into(
+        &mut out,
         route,
         body,
         top,
         Some(tag),
         &[fields::STOP, fields::STOP_TOKEN_IDS],
         &[(fields::IGNORE_EOS, b"true")],
-    )
+    );
+    out
 }
 
 /// The decode leg's `kv_transfer_params` under concurrent WRITE dispatch, minted up front from

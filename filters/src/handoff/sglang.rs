@@ -100,26 +100,13 @@ pub fn leg_body(
     leg: Leg,
     dp: &DpRanks,
 ) -> Vec<u8> {
-    leg_body_with(body, top, target, rooms, leg, dp, &[])
-}
-
-/// [`leg_body`] with further top-level keys set (e.g. the canonical `model`), in one copy.
-pub fn leg_body_with(
-    body: &[u8],
-    top: &TopLevel,
-    target: &BootstrapTarget,
-    rooms: &Rooms,
-    leg: Leg,
-    dp: &DpRanks,
-    extra: &[(&str, &[u8])],
-) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + 160);
-    leg_body_into(&mut out, body, top, target, rooms, leg, dp, extra);
+    leg_body_into(&mut out, body, top, target, rooms, leg, dp, &[]);
     out
 }
 
-/// [`leg_body_with`] into any [`Sink`]: with a [`crate::body::PartsSink`], the client's bytes
-/// are not copied.
+/// [`leg_body`] with further top-level keys set (`extra`, e.g. the canonical `model`), into any
+/// [`Sink`]: a `Vec` (one copy), or a [`crate::body::PartsSink`] (the client's bytes uncopied).
 #[allow(clippy::too_many_arguments)]
 pub fn leg_body_into<S: Sink>(
     out: &mut S,
@@ -381,7 +368,9 @@ mod tests {
     fn extra_keys_replace_client_values() {
         let body = br#"{"model":"alias","x":1}"#;
         let top = scan_object(body).unwrap();
-        let out = leg_body_with(
+        let mut out = Vec::new();
+        leg_body_into(
+            &mut out,
             body,
             &top,
             &TARGET,

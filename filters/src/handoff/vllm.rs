@@ -118,26 +118,14 @@ const PREFILL_DROPS: &[&str] = &[
 /// `max_tokens` dropped (vLLM reads `max_completion_tokens or max_tokens`); `/v1/responses` →
 /// `max_output_tokens: 1`; every other route, chat without a cap included → `max_tokens: 1`.
 pub fn prefill_leg_body(route: Route, body: &[u8], top: &TopLevel, tag: Option<&[u8]>) -> Vec<u8> {
-    prefill_leg_body_with(route, body, top, tag, &[], &[])
-}
-
-/// [`prefill_leg_body`] with further keys dropped and set (MoRI-IO's stop edits, a canonical
-/// `model`), in one copy.
-pub fn prefill_leg_body_with(
-    route: Route,
-    body: &[u8],
-    top: &TopLevel,
-    tag: Option<&[u8]>,
-    extra_drop: &[&str],
-    extra_set: &[(&str, &[u8])],
-) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + 64 + tag.map_or(0, <[u8]>::len));
-    prefill_leg_body_into(&mut out, route, body, top, tag, extra_drop, extra_set);
+    prefill_leg_body_into(&mut out, route, body, top, tag, &[], &[]);
     out
 }
 
-/// [`prefill_leg_body_with`] into any [`Sink`] (pieces of the client's body, uncopied, with a
-/// [`crate::body::PartsSink`]).
+/// [`prefill_leg_body`] with further keys dropped and set (MoRI-IO's stop edits, a canonical
+/// `model`), into any [`Sink`]: a `Vec` (one copy), or a [`crate::body::PartsSink`] (the
+/// client's bytes uncopied).
 pub fn prefill_leg_body_into<S: Sink>(
     out: &mut S,
     route: Route,
@@ -183,22 +171,12 @@ pub fn prefill_leg_body_into<S: Sink>(
 /// The decode leg: the client request unchanged except client `kv_transfer_params`, bootstrap
 /// and DP keys are stripped and `params` (when `Some`) is set as `kv_transfer_params`.
 pub fn decode_leg_body(body: &[u8], top: &TopLevel, params: Option<&[u8]>) -> Vec<u8> {
-    decode_leg_body_with(body, top, params, &[])
-}
-
-/// [`decode_leg_body`] with further keys set (e.g. a canonical `model`).
-pub fn decode_leg_body_with(
-    body: &[u8],
-    top: &TopLevel,
-    params: Option<&[u8]>,
-    extra_set: &[(&str, &[u8])],
-) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + 32 + params.map_or(0, <[u8]>::len));
-    decode_leg_body_into(&mut out, body, top, params, extra_set);
+    decode_leg_body_into(&mut out, body, top, params, &[]);
     out
 }
 
-/// [`decode_leg_body_with`] into any [`Sink`].
+/// [`decode_leg_body`] with further keys set (e.g. a canonical `model`), into any [`Sink`].
 pub fn decode_leg_body_into<S: Sink>(
     out: &mut S,
     body: &[u8],
@@ -422,7 +400,9 @@ mod tests {
     fn prefill_leg_with_extra_edits() {
         let body = br#"{"stop":["x"],"stop_token_ids":[1],"model":"a"}"#;
         let top = scan_object(body).unwrap();
-        let out = prefill_leg_body_with(
+        let mut out = Vec::new();
+        prefill_leg_body_into(
+            &mut out,
             Route::Completions,
             body,
             &top,
