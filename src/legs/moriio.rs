@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use bytes::Bytes;
+use pdgate_filters::body::BodyParts;
 use pdgate_filters::errors::ErrorCode;
 use pdgate_filters::handoff::moriio::{self, HandoffExpectation, MoriPlan, MoriWorker};
 use pdgate_filters::handoff::vllm::{self, Connector};
@@ -33,7 +34,6 @@ use crate::reply::Reply;
 use crate::trace::{self, LegFacts, LegRole, LegTrace, LegTransport};
 use crate::workers::select::Pair;
 use crate::workers::Worker;
-use pdgate_filters::body::BodyParts;
 
 /// The request header vLLM takes its request id from (and the connector its peer markers).
 const X_REQUEST_ID: &str = "x-request-id";
@@ -74,12 +74,10 @@ pub async fn attempt(
         labels: PdLabels::new(ctx, pair),
         dispatched: Instant::now(),
     };
-    let prefill_body = Bytes::from(moriio::prefill_leg_body(
-        req.route,
-        &req.body,
-        &req.top,
-        &moriio::prefill_tag(&plan, &transfer_id),
-    ));
+    let tag = moriio::prefill_tag(&plan, &transfer_id);
+    let prefill_body = spliced_body(&req.body, |out| {
+        moriio::prefill_leg_body_into(out, req.route, &req.body, &req.top, &tag)
+    });
     log::debug!(
         "request {} MoRI-IO {:?} {:?} pair {} -> {} transfer_id={transfer_id}",
         ctx.request_id,
@@ -223,17 +221,12 @@ async fn sequential(
     legs: &Legs<'_>,
     session: &mut Session,
     ctx: &mut RequestCtx,
-    prefill_body: Bytes,
+    prefill_body: BodyParts,
 ) -> Attempt {
     let (gw, s, req, pair) = (legs.gw, legs.settings, legs.req, legs.pair);
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
-    let prefill_req = legs.leg(
-        &pair.prefill,
-        &prefill_path,
-        &prefill_headers,
-        prefill_body.into(),
-    );
+    let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
     let prefill_in_flight = pair.prefill.track(req.routing.routing_key.is_some());
     let response = tokio::select! {
         r = prefill_round_trip(gw, &pair.prefill, &prefill_req, s.prefill_head_timeout, s.max_payload_size, prefill_trace) => r,
@@ -286,18 +279,13 @@ async fn concurrent(
     legs: &Legs<'_>,
     session: &mut Session,
     ctx: &mut RequestCtx,
-    prefill_body: Bytes,
+    prefill_body: BodyParts,
     decode_params: &[u8],
 ) -> Attempt {
     let (gw, s, req, pair) = (legs.gw, legs.settings, legs.req, legs.pair);
     let prefill_path = pair.prefill.address.path_for(legs.route_path());
     let (prefill_trace, prefill_headers) = legs.traced(ctx, LegRole::Prefill);
-    let prefill_req = legs.leg(
-        &pair.prefill,
-        &prefill_path,
-        &prefill_headers,
-        prefill_body.into(),
-    );
+    let prefill_req = legs.leg(&pair.prefill, &prefill_path, &prefill_headers, prefill_body);
     let decode_path = pair.decode.address.path_for(legs.route_path());
     let decode_body = spliced_body(&req.body, |out| {
         vllm::decode_leg_body_into(out, &req.body, &req.top, Some(decode_params), &[])

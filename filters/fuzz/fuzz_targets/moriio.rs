@@ -1,5 +1,5 @@
 //! MoRI-IO `check_request`, `validate_handoff` (and `validate_params`), `prefill_tag`,
-//! `prefill_leg_body`, `concurrent_decode_params` and the pair check with hostile labels.
+//! `prefill_leg_body_into`, `concurrent_decode_params` and the pair check with hostile labels.
 //!
 //! Input: 6 control bytes, then the body (used as client request AND as prefill response).
 //! * c0: route (mod 7); c1: bit0 WRITE mode, bit1 concurrent, bit2 told ports, bit3 decode TP,
@@ -15,7 +15,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use pdgate_filters::handoff::moriio::{
-    check_pair, check_request, concurrent_decode_params, prefill_leg_body, prefill_tag,
+    check_pair, check_request, concurrent_decode_params, prefill_leg_body_into, prefill_tag,
     validate_handoff, HandoffExpectation, Mode, MoriPlan, MoriSide, MoriWorker, RequestRefusal,
     WriteDispatch,
 };
@@ -133,7 +133,8 @@ fuzz_target!(|data: &[u8]| {
         request_oracle(route, &fields),
         "check_request"
     );
-    let out = prefill_leg_body(route, body, &top, &tag);
+    let mut out = Vec::new();
+    prefill_leg_body_into(&mut out, route, body, &top, &tag);
     let cap = match route {
         Route::ChatCompletions if non_null(&fields, "max_completion_tokens").is_some() => {
             "max_completion_tokens"

@@ -64,18 +64,6 @@ impl BodyParts {
             out.extend_from_slice(p);
         }
     }
-
-    /// The body as one contiguous `Bytes` (no copy when it is one piece).
-    pub fn to_bytes(&self) -> Bytes {
-        match &self.parts {
-            Parts::One(b) => b.clone(),
-            Parts::Many(_) => {
-                let mut out = Vec::with_capacity(self.len);
-                self.copy_into(&mut out);
-                Bytes::from(out)
-            }
-        }
-    }
 }
 
 impl Default for BodyParts {
@@ -294,7 +282,6 @@ mod tests {
         s.own(|o| o.push(b'}'));
         let p = s.finish();
         assert_eq!(joined(&p), b"{\"a\" : 1,\"b\":2}");
-        assert_eq!(p.to_bytes(), Bytes::from_static(b"{\"a\" : 1,\"b\":2}"));
         assert!(p != *b"{\"a\" : 1,\"b\":3}".as_slice());
     }
 
@@ -326,6 +313,6 @@ mod tests {
         assert_eq!(p.parts().len(), 1);
         assert_eq!(joined(&p), b"{}");
         let whole = BodyParts::from(body.clone());
-        assert_eq!(whole.to_bytes().as_ptr(), body.as_ptr());
+        assert_eq!(whole.parts()[0].as_ptr(), body.as_ptr());
     }
 }

@@ -10,7 +10,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::body::{scan_object, TopLevel};
+use crate::body::{scan_object, Sink, TopLevel};
 use crate::errors::ErrorCode;
 use crate::fields;
 use crate::handoff::vllm::{
@@ -375,18 +375,23 @@ pub fn prefill_tag(plan: &MoriPlan, transfer_id: &str) -> Vec<u8> {
 /// The MoRI-IO prefill leg: the vLLM one-token prefill leg tagged with `tag`, plus
 /// `ignore_eos: true` and without `stop`/`stop_token_ids` — the connector hands off only when
 /// the leg ends at its cap, so the one (discarded) token must not be a stop.
-pub fn prefill_leg_body(route: Route, body: &[u8], top: &TopLevel, tag: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 96 + tag.len());
+/// Written into any [`Sink`]: a `Vec` (one copy), or a [`crate::body::PartsSink`].
+pub fn prefill_leg_body_into<S: Sink>(
+    out: &mut S,
+    route: Route,
+    body: &[u8],
+    top: &TopLevel,
+    tag: &[u8],
+) {
     vllm::prefill_leg_body_into(
-        &mut out,
+        out,
         route,
         body,
         top,
         Some(tag),
         &[fields::STOP, fields::STOP_TOKEN_IDS],
         &[(fields::IGNORE_EOS, b"true")],
-    );
-    out
+    )
 }
 
 /// The decode leg's `kv_transfer_params` under concurrent WRITE dispatch, minted up front from
@@ -999,7 +1004,8 @@ mod tests {
     fn moriio_prefill_leg_ignores_eos_and_drops_stops() {
         let body = br#"{"prompt":"x","stop":["."],"stop_token_ids":[2],"ignore_eos":false,"max_tokens":9}"#;
         let top = scan_object(body).unwrap();
-        let out = prefill_leg_body(Route::Completions, body, &top, br#"{"t":1}"#);
+        let mut out = Vec::new();
+        prefill_leg_body_into(&mut out, Route::Completions, body, &top, br#"{"t":1}"#);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             v,
