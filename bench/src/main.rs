@@ -121,9 +121,10 @@ struct CannedEngineArgs {
     #[arg(long)]
     port: u16,
     /// Output tokens of every answer: the token events of a streamed one (then one finish +
-    /// usage event and `[DONE]`), the words of a non-streamed one.
-    #[arg(long, default_value_t = 16)]
-    stream_chunks: usize,
+    /// usage event and `[DONE]`), the words of a non-streamed one. At least 1: a stream of no
+    /// tokens measures nothing a client waits for.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    stream_chunks: u32,
     /// The `prompt_tokens` every answer reports (prompts are not tokenized).
     #[arg(long, default_value_t = 170)]
     prompt_tokens: usize,
@@ -363,7 +364,7 @@ fn main() -> ExitCode {
         Command::WriteModel(a) => write_model(a),
         Command::CannedEngine(a) => canned::run(canned::CannedSpec {
             addr: SocketAddr::new(a.host, a.port),
-            tokens: a.stream_chunks,
+            tokens: a.stream_chunks as usize,
             prompt_tokens: a.prompt_tokens,
             model: a.model,
             max_running_requests: a.max_running_requests,

@@ -396,6 +396,13 @@ pub fn ratio_table(results: &[Value], holds: &[Value], roles: &Roles) -> String 
         0,
         false,
     );
+    // What a streamed answer was: the engines' token events, a finish event and `[DONE]`.
+    row(
+        "SSE events per streamed answer, c=64",
+        all("events_per_request", true, 64),
+        1,
+        false,
+    );
     let hold = |t: &str, key: &str| {
         holds
             .iter()
@@ -507,6 +514,9 @@ mod tests {
             point("f/r2", "pdgate", false, 64, 20000.0, 2.0, Some(60.0)),
             point("f/r1", "direct", false, 1, 20000.0, 0.040, None),
             point("f/r1", "pdgate", false, 1, 5000.0, 0.110, Some(90.0)),
+            json!({"mode":"f/r1","stream":true,"prompt_bytes":1030,"concurrency":64,
+                   "target":"pdgate","rps":20000.0,"p50_ms":2.0,"gateway_cpu_us_per_req":50.0,
+                   "events_per_request":18.0,"errors":0}),
         ];
         let holds = vec![
             json!({"target":"pdgate","streams_open":9800,"rss_per_stream_kb":44.9,"rss_idle_mb":10.3}),
@@ -536,6 +546,10 @@ mod tests {
         assert_eq!(
             line("| p50 ms, c=1 "),
             "| p50 ms, c=1 | 0.040 | – | 0.110 | – | 70 µs |"
+        );
+        assert_eq!(
+            line("| SSE events per streamed answer, c=64 "),
+            "| SSE events per streamed answer, c=64 | – | – | 18.0 | – | – |"
         );
         assert_eq!(
             line("| KB per open stream"),
