@@ -115,6 +115,14 @@ enum Piece {
     Own(Range<usize>),
 }
 
+impl Piece {
+    fn range(&self) -> Range<usize> {
+        match self {
+            Piece::Body(r) | Piece::Own(r) => r.clone(),
+        }
+    }
+}
+
 impl<'b> PartsSink<'b> {
     pub fn new(body: &'b Bytes) -> PartsSink<'b> {
         PartsSink {
@@ -126,7 +134,7 @@ impl<'b> PartsSink<'b> {
     }
 
     pub fn finish(self) -> BodyParts {
-        let len = self.pieces.iter().map(|p| piece_range(p).len()).sum();
+        let len = self.pieces.iter().map(|p| p.range().len()).sum();
         // The own pieces cover the buffer in order; one of them takes it whole, uncloned.
         let own_pieces = self
             .pieces
@@ -189,14 +197,11 @@ impl Sink for BodySink<'_> {
     }
 }
 
-fn piece_range(p: &Piece) -> Range<usize> {
-    match p {
-        Piece::Body(r) | Piece::Own(r) => r.clone(),
-    }
-}
-
 impl Sink for PartsSink<'_> {
-    fn kept(&mut self, _body: &[u8], mut range: Range<usize>) {
+    fn kept(&mut self, body: &[u8], mut range: Range<usize>) {
+        // The pieces are slices of the body this sink was made for: a splice of another one
+        // would send the wrong bytes.
+        debug_assert!(std::ptr::eq(body.as_ptr(), self.body.as_ptr()));
         if range.is_empty() {
             return;
         }
@@ -252,16 +257,27 @@ mod tests {
         v
     }
 
+    /// What a rewrite of a two-entry object sends: `{`, the first entry, `,`, the second, then
+    /// `tail` (the set fields and the closing brace).
+    fn two_entries(
+        body: &Bytes,
+        first: Range<usize>,
+        second: Range<usize>,
+        tail: &[u8],
+    ) -> BodyParts {
+        let mut s = PartsSink::new(body);
+        s.own(|o| o.push(b'{'));
+        s.kept(body, first);
+        s.own(|o| o.push(b','));
+        s.kept(body, second);
+        s.own(|o| o.extend_from_slice(tail));
+        s.finish()
+    }
+
     #[test]
     fn the_gateways_bytes_that_the_body_has_are_taken_from_it() {
         let body = Bytes::from_static(b"{\"a\":1,\"b\":2}");
-        let mut s = PartsSink::new(&body);
-        s.own(|o| o.push(b'{'));
-        s.kept(&body, 1..6);
-        s.own(|o| o.push(b','));
-        s.kept(&body, 7..12);
-        s.own(|o| o.extend_from_slice(b",\"c\":3}"));
-        let p = s.finish();
+        let p = two_entries(&body, 1..6, 7..12, b",\"c\":3}");
         assert_eq!(joined(&p), b"{\"a\":1,\"b\":2,\"c\":3}");
         assert_eq!(p.len(), joined(&p).len());
         // The whole client object up to its last entry is one slice of the body.
@@ -274,13 +290,7 @@ mod tests {
     #[test]
     fn bytes_the_body_does_not_have_there_are_kept_apart() {
         let body = Bytes::from_static(b" { \"a\" : 1 , \"b\":2 }");
-        let mut s = PartsSink::new(&body);
-        s.own(|o| o.push(b'{'));
-        s.kept(&body, 3..10);
-        s.own(|o| o.push(b','));
-        s.kept(&body, 13..18);
-        s.own(|o| o.push(b'}'));
-        let p = s.finish();
+        let p = two_entries(&body, 3..10, 13..18, b"}");
         assert_eq!(joined(&p), b"{\"a\" : 1,\"b\":2}");
         assert!(p != *b"{\"a\" : 1,\"b\":3}".as_slice());
     }
