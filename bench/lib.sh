@@ -32,9 +32,11 @@ halt_poll_restore() {
   HALT_POLL_WAS=
 }
 idle_line() {
-  local drv
-  drv=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo '?')
-  echo "idle: cpuidle driver $drv$([[ -r $HALT_POLL_FILE ]] && echo ", guest_halt_poll_ns $(<"$HALT_POLL_FILE")")$([[ -n ${HALT_POLL_NS:-} ]] && echo ' (HALT_POLL_NS)')"
+  local line
+  line="idle: cpuidle driver $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo '?')"
+  [[ ! -r $HALT_POLL_FILE ]] || line+=", guest_halt_poll_ns $(<"$HALT_POLL_FILE")"
+  [[ -z ${HALT_POLL_NS:-} ]] || line+=" (HALT_POLL_NS)"
+  echo "$line"
 }
 trap 'stop_all; halt_poll_restore' EXIT
 

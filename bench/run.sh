@@ -240,10 +240,9 @@ esac
   echo "STREAM=$STREAM ROUNDS=$ROUNDS MODEL_DIR=$MODEL_DIR ENGINES=$ENGINES STREAM_CHUNKS=$STREAM_CHUNKS"
 } >"$OUT/env.txt"
 
-# start_canned_engine NAME PORT TTFT ITL: the canned engine started as start_mock is. It has no
-# timing (TTFT and ITL are the modeled modes'): its streamed answers have STREAM_CHUNKS tokens.
-# (Until 2026-12-04 the TTFT, 0, went to start_canned as its token count: run.sh's canned-fast
-# streams were two events, not 16; bench/README.md, "Round 2, where it ends".)
+# start_canned_engine NAME PORT TTFT ITL: the canned engine with start_mock's arguments, which
+# the sweeps pass to either. It has no timing (TTFT and ITL are the modeled modes'); its answers
+# have STREAM_CHUNKS tokens (start_canned's third argument is a token count, not a TTFT).
 start_canned_engine() { start_canned "$1" "$2" "$STREAM_CHUNKS"; }
 
 # ---- sweeps ----------------------------------------------------------------------------------
